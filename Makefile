@@ -1,0 +1,46 @@
+# One-command set-up on a fresh machine: `make test` and `make demo` install what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# Debian packages the tests need (installed with apt-get when missing).
+DEB_PACKAGES := prometheus
+DEB_BINARIES := prometheus
+
+.PHONY: install test demo lint clean native
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py csrc/page_allocator.cpp Makefile
+	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(DEB_PACKAGES); \
+	fi
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# the CPU build on local disk; a bare `torch` would pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q setuptools wheel pybind11
+	$(PIP) install -q --no-build-isolation -e '.[dev]'
+	$(MAKE) native
+	touch $(STAMP)
+
+# builds the pybind11 page allocator in place (engine/_page_allocator*.so)
+native:
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -c "import engine; assert engine.native_available(), 'native page allocator did not build'; print('native page allocator: ok')"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+demo: install
+	$(VENV)/bin/slopilot demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info engine/_page_allocator*.so

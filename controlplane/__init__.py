@@ -1,0 +1,1 @@
+"""controlplane package."""

@@ -1,0 +1,1 @@
+"""Torch-free engine core: sequences, KV block manager, scheduler."""

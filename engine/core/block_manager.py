@@ -1,0 +1,140 @@
+"""Per-sequence block tables over a fixed KV pool, with vLLM-style prefix caching.
+
+Each full block is keyed by a chained hash (parent block's hash, the block's token ids). A block
+found by hash is shared by reference count. When its last user finishes, a cached block stays in
+the allocator's LRU free queue, still findable, until allocation evicts it.
+"""
+
+from __future__ import annotations
+
+from engine.core.page_allocator import make_allocator
+from engine.core.sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 allocator=None):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.allocator = allocator if allocator is not None else make_allocator(num_blocks)
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.block_hash: dict[int, int] = {}  # block id -> its hash, while registered
+        self.prefix_cache_queries = 0  # tokens looked up at admission
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, counting evictable cached ones."""
+        return self.allocator.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by live requests (vllm:kv_cache_usage_perc)."""
+        return 1.0 - self.allocator.num_free / self.num_blocks
+
+    def block_hashes_of(self, token_ids: list[int], num_blocks: int, parent: int = 0) -> list[int]:
+        bs = self.block_size
+        hashes = []
+        for i in range(num_blocks):
+            parent = hash((parent, tuple(token_ids[i * bs:(i + 1) * bs])))
+            hashes.append(parent)
+        return hashes
+
+    def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """Cached blocks for the longest cached prefix of seq (block ids, their hashes). Pure.
+
+        At least one token is always left to compute, so the step yields logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return [], []
+        blocks, hashes = [], []
+        parent = 0
+        bs = self.block_size
+        for i in range((len(seq) - 1) // bs):
+            parent = hash((parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+            block = self.cached.get(parent)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def can_admit(self, seq: Sequence, hit_blocks: list[int], num_new_tokens: int) -> bool:
+        need = cdiv(len(hit_blocks) * self.block_size + num_new_tokens, self.block_size) - len(hit_blocks)
+        # hit blocks sitting in the free queue stop being free once shared
+        reclaimed = sum(1 for b in hit_blocks if self.allocator.is_free(b))
+        return need <= self.allocator.num_free - reclaimed
+
+    def admit(self, seq: Sequence, hit_blocks: list[int], hit_hashes: list[int]) -> None:
+        """Shares the cached prefix with seq and counts the lookup."""
+        for b in hit_blocks:
+            if self.allocator.is_free(b):
+                self.allocator.take(b)
+            else:
+                self.allocator.incref(b)
+        seq.block_table = list(hit_blocks)
+        seq.block_hashes = list(hit_hashes)
+        seq.num_computed_tokens = len(hit_blocks) * self.block_size
+        seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += len(seq)
+            self.prefix_cache_hits += seq.num_cached_tokens
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grows seq's block table to hold num_new_tokens more tokens; all or nothing."""
+        need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
+        if need <= 0:
+            return True
+        blocks = self.allocator.allocate(need)
+        if blocks is None:
+            return False
+        for b in blocks:
+            self._evict(b)
+        seq.block_table.extend(blocks)
+        return True
+
+    def _evict(self, block: int) -> None:
+        h = self.block_hash.pop(block, None)
+        if h is not None and self.cached.get(h) == block:
+            del self.cached[h]
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Registers the blocks that the last step filled, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        parent = seq.block_hashes[-1] if seq.block_hashes else 0
+        for i in range(len(seq.block_hashes), full):
+            parent = hash((parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+            seq.block_hashes.append(parent)
+            block = seq.block_table[i]
+            if parent not in self.cached and block not in self.block_hash:
+                self.cached[parent] = block
+                self.block_hash[block] = parent
+
+    def free(self, seq: Sequence) -> None:
+        """Releases seq's blocks, last block first so it is evicted first."""
+        for b in reversed(seq.block_table):
+            self.allocator.free(b)  # a cached block stays findable until allocation evicts it
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def check_no_leak(self) -> list[str]:
+        """Problems found when no request holds blocks (empty list = every block free or evictable)."""
+        problems = []
+        if self.allocator.num_free != self.num_blocks:
+            held = [b for b in range(self.num_blocks) if not self.allocator.is_free(b)]
+            problems.append(f"{len(held)} blocks still referenced: {held[:10]}")
+        for h, b in self.cached.items():
+            if self.block_hash.get(b) != h:
+                problems.append(f"cache entry for block {b} is inconsistent")
+        return problems

@@ -1,0 +1,211 @@
+"""Continuous batching on two deques, in the way vLLM schedules.
+
+Each step, running requests go first (a decode takes one token, an unfinished prefill the rest
+of its chunk), then waiting requests fill what is left of the token budget; a prefill that does
+not fit is chunked. When blocks run out, the newest running request (or the lowest-priority one)
+is preempted: its blocks are freed and it is recomputed later, possibly from the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.core.block_manager import BlockManager, cdiv
+from engine.core.sequence import Sequence, SequenceStatus
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served (too long for the model or for the whole KV pool)."""
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def is_decode(self, i: int) -> bool:
+        seq = self.seqs[i]
+        return self.num_new_tokens[i] == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+    def shape(self) -> tuple[int, int, int, int]:
+        """(prefill tokens, prefill KV context, decode seqs, decode KV context) of this step."""
+        pt = pc = ds = dc = 0
+        for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
+            if self.is_decode(i):
+                ds += 1
+                dc += seq.num_computed_tokens + 1
+            else:
+                pt += n
+                pc += seq.num_computed_tokens + n
+        return pt, pc, ds, dc
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                 eos_token_id: int | None = None, policy: str = "fcfs"):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.bm = block_manager
+        pool_tokens = block_manager.num_blocks * block_manager.block_size
+        # a lone request must always fit, or it could never finish
+        self.max_model_len = min(max_model_len or pool_tokens, pool_tokens)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_id = eos_token_id
+        self.policy = policy
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # -- admission ---------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        n = len(seq)
+        if n == 0:
+            raise RequestRejected("the prompt is empty")
+        pool = self.bm.num_blocks * self.bm.block_size
+        if n >= self.max_model_len:
+            where = (f"the KV cache holds {pool} tokens" if self.max_model_len == pool
+                     else f"max_model_len is {self.max_model_len}")
+            raise RequestRejected(f"prompt has {n} tokens but {where}; prompt plus at least one "
+                                  f"generated token must fit")
+        seq.status = SequenceStatus.WAITING
+        if self.policy == "priority":
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert_by_priority(self, seq: Sequence) -> None:
+        key = (seq.priority, seq.arrival_time)
+        for i, other in enumerate(self.waiting):
+            if key < (other.priority, other.arrival_time):
+                self.waiting.insert(i, seq)
+                return
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ----------------------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
+                continue
+            n = min(seq.num_remaining_tokens, budget)
+            while not self.bm.append_slots(seq, n):
+                victim = self._pick_victim()
+                budget += self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.seqs.append(seq)
+                out.num_new_tokens.append(n)
+                budget -= n
+        if not out.preempted:
+            self._admit_waiting(out, budget, now)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hit_blocks, hit_hashes = self.bm.lookup_prefix(seq)
+            n = min(len(seq) - len(hit_blocks) * self.bm.block_size, budget)
+            if not self.bm.can_admit(seq, hit_blocks, n):
+                break
+            self.waiting.popleft()
+            self.bm.admit(seq, hit_blocks, hit_hashes)
+            self.bm.append_slots(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+
+    def _pick_victim(self) -> Sequence:
+        if self.policy == "priority":
+            return max(self.running, key=lambda s: (s.priority, s.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, victim: Sequence, out: SchedulerOutput) -> int:
+        """Frees victim for later recompute; returns budget it had been given this step."""
+        returned = 0
+        if victim in out.seqs:
+            i = out.seqs.index(victim)
+            returned = out.num_new_tokens[i]
+            del out.seqs[i], out.num_new_tokens[i]
+        self.running.remove(victim)
+        self.bm.free(victim)
+        victim.status = SequenceStatus.WAITING
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+        return returned
+
+    # -- after the step ----------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: list[int | None], now: float = 0.0) -> list[Sequence]:
+        finished = []
+        for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
+            if seq.status != SequenceStatus.RUNNING:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens += n
+            self.bm.cache_full_blocks(seq)
+            if token is None:
+                continue
+            seq.append_token(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._stop_reason(seq, token)
+            if reason:
+                self._finish(seq, reason, now)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.sampling_params
+        if not params.ignore_eos and token == self.eos_token_id:
+            return "stop"
+        if token in params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = now
+
+    def finish(self, seq: Sequence, reason: str, now: float = 0.0) -> None:
+        """Ends seq early for a reason found by the caller (e.g. a stop string)."""
+        if seq.status != SequenceStatus.FINISHED:
+            self._finish(seq, reason, now)
+
+    def abort(self, request_id: str, now: float = 0.0) -> bool:
+        for queue in (self.running, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    self._finish(seq, "abort", now)
+                    return True
+        return False
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        return cdiv(len(seq), self.bm.block_size)

@@ -1,0 +1,69 @@
+"""The one `slopilot` command. Subcommands live next to the code they drive and are imported
+lazily, so `slopilot --help` starts fast and never imports torch.
+
+Each subcommand module exposes HELP (one line), add_arguments(parser) and run(args) -> int.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# name -> module implementing it; a module that is not present is simply not listed.
+SUBCOMMANDS: dict[str, str] = {
+    "demo": "slopilot.demo",
+    "generate": "engine.cli_generate",
+    "profile": "engine.cli_profile",
+    "serve": "engine.cli_serve",
+    "calibrate": "simulator.cli_calibrate",
+    "predict": "simulator.cli_predict",
+    "simulate": "simulator.cli_simulate",
+    "replay": "autoscaler.cli_replay",
+    "export": "autoscaler.cli_export",
+}
+
+
+def _available() -> dict[str, str]:
+    found = {}
+    for name, module in SUBCOMMANDS.items():
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found[name] = module
+        except ModuleNotFoundError:
+            pass
+    return found
+
+
+def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slopilot", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in modules.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    modules = _available()
+    # only import the chosen subcommand's module (others may import heavy libraries)
+    if argv and argv[0] in modules:
+        modules = {argv[0]: modules[argv[0]]}
+    parser = build_parser(modules)
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"slopilot {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
