@@ -43,21 +43,22 @@ def build_metadata(
     """Metadata from host lists: the new tokens of sequence s are its last query_lens[s] positions."""
     if not (len(block_tables) == len(seq_lens) == len(query_lens)):
         raise ValueError("block_tables, seq_lens and query_lens must have one entry per sequence")
-    slots: list[int] = []
+    slots = []
     for table, seq_len, q_len in zip(block_tables, seq_lens, query_lens):
         if not 0 < q_len <= seq_len:
             raise ValueError(f"query length {q_len} must be in 1..seq_len ({seq_len})")
         if len(table) * block_size < seq_len:
             raise ValueError(f"block table of {len(table)} blocks cannot hold {seq_len} tokens")
-        for pos in range(seq_len - q_len, seq_len):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        pos = torch.arange(seq_len - q_len, seq_len)
+        blocks = torch.tensor(table, dtype=torch.int64)[pos // block_size]
+        slots.append(blocks * block_size + pos % block_size)
     width = max((len(t) for t in block_tables), default=0)
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
     starts = [0]
     for q_len in query_lens:
         starts.append(starts[-1] + q_len)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        slot_mapping=(torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)).to(device),
         block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(padded), width),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),

@@ -1,0 +1,117 @@
+"""Runs the model over one scheduled batch: builds the flat inputs and paged metadata, samples."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionMetadata, build_metadata, get_backend
+from engine.core.sequence import Sequence
+from engine.model import build_model, load_tokenizer, resolve_config
+from engine.model.config import PRESETS
+from engine.sampler import sample
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class ModelRunner:
+    def __init__(self, model: str, *, num_kv_blocks: int, block_size: int = 16, device: str = "cpu",
+                 dtype: torch.dtype | str = "float32", attention_backend: str = "auto", seed: int = 0):
+        if num_kv_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_kv_blocks and block_size must be >= 1, got {num_kv_blocks}, {block_size}")
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.config = resolve_config(model)
+        model_dir = None if model in PRESETS else Path(model)
+        self.model = build_model(self.config, model_dir, self.device, self.dtype, seed)
+        self.tokenizer = load_tokenizer(model_dir, self.config.bos_token_id, self.config.eos_token_id,
+                                        self.config.vocab_size)
+        self.eos_token_id = self.config.eos_token_id
+        self.num_kv_blocks, self.block_size = num_kv_blocks, block_size
+        # a sequence can be no longer than the model's positions nor than the whole cache
+        self.max_model_len = min(self.config.max_position_embeddings, num_kv_blocks * block_size)
+        self.backend = get_backend(attention_backend, self.device)
+        c = self.config
+        shape = (num_kv_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(c.num_layers)]
+        self._seed_rng = random.Random(seed)  # seeds for requests that bring none
+        self._generators: dict[str, torch.Generator] = {}
+
+    def _prepare(self, seqs: list[Sequence], num_new_tokens: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        if len(seqs) != len(num_new_tokens) or not seqs:
+            raise ValueError(f"need one token count per sequence, got {len(seqs)} seqs and "
+                             f"{len(num_new_tokens)} counts")
+        ids: list[int] = []
+        positions: list[int] = []
+        sampling: list[int] = []  # index of each sampling seq's last token in the flat batch
+        for seq, n in zip(seqs, num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            if n < 1 or end > len(seq.token_ids):
+                raise ValueError(f"request {seq.request_id}: cannot compute tokens {start}..{end} "
+                                 f"of {len(seq.token_ids)}")
+            if end > self.max_model_len:
+                raise ValueError(f"request {seq.request_id}: length {end} exceeds max_model_len "
+                                 f"{self.max_model_len}")
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            if end == len(seq.token_ids):
+                sampling.append(len(ids) - 1)
+        meta = build_metadata([s.block_table for s in seqs], [s.num_computed_tokens + n for s, n in
+                                                            zip(seqs, num_new_tokens)],
+                              list(num_new_tokens), self.block_size, self.device)
+        dev = self.device
+        return (torch.tensor(ids, dtype=torch.int64, device=dev),
+                torch.tensor(positions, dtype=torch.int64, device=dev), meta, sampling)
+
+    def _forward_logits(self, seqs: list[Sequence], num_new_tokens: list[int]
+                        ) -> tuple[torch.Tensor, list[int]]:
+        input_ids, positions, meta, sampling = self._prepare(seqs, num_new_tokens)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
+        # only the last position of sampling seqs goes through lm_head
+        rows = torch.tensor(sampling, dtype=torch.int64, device=self.device)
+        return self.model.compute_logits(hidden[rows]).float(), sampling
+
+    @torch.inference_mode()
+    def execute_logits(self, seqs: list[Sequence], num_new_tokens: list[int]) -> torch.Tensor:
+        """The same pass as execute, returning float32 logits [num_sampling_seqs, vocab] instead of tokens."""
+        return self._forward_logits(seqs, num_new_tokens)[0]
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> list[int | None]:
+        """One forward pass; a sampled token for each seq whose chunk reaches its end, else None."""
+        logits, _ = self._forward_logits(seqs, num_new_tokens)
+        samplers = [s for s, n in zip(seqs, num_new_tokens) if s.num_computed_tokens + n == len(s.token_ids)]
+        params = [s.sampling_params for s in samplers]
+        gens = [None if p.greedy else self._generator(s) for s, p in zip(samplers, params)]
+        tokens = iter(sample(logits, params, gens))
+        return [next(tokens) if s.num_computed_tokens + n == len(s.token_ids) else None
+                for s, n in zip(seqs, num_new_tokens)]
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        g = self._generators.get(seq.request_id)
+        if g is None:
+            seed = seq.sampling_params.seed
+            if seed is None:
+                seed = self._seed_rng.getrandbits(63)
+            g = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[seq.request_id] = g
+        return g
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's generator."""
+        self._generators.pop(request_id, None)
