@@ -6,20 +6,28 @@ from pathlib import Path
 
 
 class ByteTokenizer:
-    """UTF-8 bytes are ids 0..255; BOS/EOS are ids of the model's vocabulary outside that range."""
+    """UTF-8 bytes as ids, BOS prepended; BOS/EOS are the model's own ids.
+
+    Bytes take ids 0..255 when BOS/EOS lie above that range (our presets), else the 256 ids right after
+    them (as SentencePiece's byte-fallback tokens do after <unk>, <s>, </s>).
+    """
 
     def __init__(self, bos_token_id: int, eos_token_id: int, vocab_size: int):
-        if vocab_size < 258 or bos_token_id < 256 or eos_token_id < 256 or bos_token_id == eos_token_id:
-            raise ValueError(f"byte tokenizer needs vocab >= 258 and distinct BOS/EOS ids >= 256, got "
-                             f"vocab {vocab_size}, bos {bos_token_id}, eos {eos_token_id}")
+        if bos_token_id == eos_token_id:
+            raise ValueError(f"byte tokenizer needs distinct BOS and EOS ids, got {bos_token_id} for both")
+        self.offset = 0 if min(bos_token_id, eos_token_id) >= 256 else max(bos_token_id, eos_token_id) + 1
+        if self.offset + 256 > vocab_size:
+            raise ValueError(f"byte tokenizer needs ids {self.offset}..{self.offset + 255} for bytes, "
+                             f"but the vocabulary has only {vocab_size}")
         self.bos_token_id, self.eos_token_id, self.vocab_size = bos_token_id, eos_token_id, vocab_size
 
     def encode(self, text: str) -> list[int]:
-        return [self.bos_token_id, *text.encode("utf-8")]
+        return [self.bos_token_id, *(self.offset + b for b in text.encode("utf-8"))]
 
     def decode(self, ids: list[int]) -> str:
-        # ids >= 256 are special or unused: they have no text
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        # ids outside the byte range are special or unused: they have no text
+        o = self.offset
+        return bytes(i - o for i in ids if o <= i < o + 256).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
