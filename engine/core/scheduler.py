@@ -48,7 +48,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
-                 eos_token_id: int | None = None, policy: str = "fcfs"):
+                 eos_token_id: int | list[int] | None = None, policy: str = "fcfs"):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -59,7 +59,8 @@ class Scheduler:
         self.max_model_len = min(max_model_len or pool_tokens, pool_tokens)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.eos_token_id = eos_token_id
+        # Llama-3 checkpoints end turns with several ids
+        self.eos_token_ids = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
         self.policy = policy
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -176,7 +177,7 @@ class Scheduler:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.sampling_params
-        if not params.ignore_eos and token == self.eos_token_id:
+        if not params.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if token in params.stop_token_ids:
             return "stop"

@@ -1,0 +1,119 @@
+"""The engine loop: scheduler + model runner, one step at a time.
+
+LLM.generate drives it offline; the OpenAI server drives it from its own thread. Requests are
+added and aborted between steps; step() returns the requests that advanced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.core.block_manager import BlockManager, cdiv
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import RequestRejected, Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.outputs import RequestMetrics, RequestOutput
+
+
+class LLMEngine:
+    def __init__(self, model: str = "tiny", *, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 num_kv_blocks: int | None = None, block_size: int = 16, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None, seed: int = 0, device: str = "cpu",
+                 dtype: str = "float32", attention_backend: str = "auto", scheduling_policy: str = "fcfs",
+                 clock: Callable[[], float] = time.perf_counter):
+        from engine.model import resolve_config
+        from engine.model_runner import ModelRunner
+
+        config = resolve_config(model)
+        model_len = min(config.max_position_embeddings, max_model_len or config.max_position_embeddings)
+        if num_kv_blocks is None:  # room for every running request at full length, capped
+            num_kv_blocks = max_num_seqs * cdiv(min(model_len, 2048), block_size)
+        self.runner = ModelRunner(model, num_kv_blocks=num_kv_blocks, block_size=block_size, device=device,
+                                  dtype=dtype, attention_backend=attention_backend, seed=seed)
+        self.tokenizer = self.runner.tokenizer
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   max_model_len=min(model_len, self.runner.max_model_len),
+                                   eos_token_id=list(self.runner.config.eos_token_ids),
+                                   policy=scheduling_policy)
+        self.model_name = model
+        self.clock = clock
+        self.seqs: dict[str, Sequence] = {}
+        self.prompts: dict[str, str | None] = {}
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> Sequence:
+        """Queues a request; raises RequestRejected when it can never be served."""
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        now = self.clock() if arrival_time is None else arrival_time
+        seq = Sequence(token_ids, params or SamplingParams(), request_id, now, priority)
+        if seq.request_id in self.seqs:
+            raise ValueError(f"request id {seq.request_id!r} is already in use")
+        self.scheduler.add(seq)
+        self.seqs[seq.request_id] = seq
+        self.prompts[seq.request_id] = prompt if isinstance(prompt, str) else None
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Sequence]:
+        """Runs one batch; returns the sequences that got a token or finished in it."""
+        out = self.scheduler.schedule(self.clock())
+        if not out.seqs:
+            return []
+        sampled = self.runner.execute(out.seqs, out.num_new_tokens)
+        now = self.clock()
+        finished = self.scheduler.update(out, sampled, now)
+        advanced = [s for s, t in zip(out.seqs, sampled) if t is not None]
+        for seq in advanced:
+            if not seq.is_finished and seq.sampling_params.stop and self._hit_stop_string(seq):
+                self.scheduler.finish(seq, "stop", now)
+                finished.append(seq)
+        for seq in finished:
+            self.runner.release(seq.request_id)
+        return advanced
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        text = self.tokenizer.decode(seq.output_token_ids)
+        return any(s in text for s in seq.sampling_params.stop)
+
+    def abort(self, request_id: str) -> bool:
+        done = self.scheduler.abort(request_id, self.clock())
+        if done:
+            self.runner.release(request_id)
+        return done
+
+    def output_text(self, seq: Sequence) -> str:
+        text = self.tokenizer.decode(seq.output_token_ids)
+        for stop in seq.sampling_params.stop:  # like vLLM, the stop string itself is not returned
+            cut = text.find(stop)
+            if cut != -1:
+                text = text[:cut]
+        return text
+
+    def pop_output(self, request_id: str) -> RequestOutput:
+        """The finished (or current) state of a request; forgets it once finished."""
+        seq = self.seqs[request_id]
+        output = make_output(seq, self.prompts.get(request_id), self.output_text(seq))
+        if seq.status == SequenceStatus.FINISHED:
+            del self.seqs[request_id], self.prompts[request_id]
+        return output
+
+
+def make_output(seq: Sequence, prompt: str | None, text: str, error: str | None = None) -> RequestOutput:
+    metrics = RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
+                             seq.finish_time)
+    return RequestOutput(seq.request_id, prompt, seq.token_ids[:seq.num_prompt_tokens], text,
+                         seq.output_token_ids, seq.finish_reason, metrics, seq.num_cached_tokens,
+                         seq.num_preemptions, error or seq.error)
+
+
+__all__ = ["LLMEngine", "RequestRejected", "make_output"]
