@@ -24,24 +24,24 @@ class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    computed_before: list[int] = field(default_factory=list)  # each seq's computed tokens at schedule time
 
     def __len__(self) -> int:
         return len(self.seqs)
 
     def is_decode(self, i: int) -> bool:
-        seq = self.seqs[i]
-        return self.num_new_tokens[i] == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+        return self.num_new_tokens[i] == 1 and self.computed_before[i] >= self.seqs[i].num_prompt_tokens
 
     def shape(self) -> tuple[int, int, int, int]:
         """(prefill tokens, prefill KV context, decode seqs, decode KV context) of this step."""
         pt = pc = ds = dc = 0
-        for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
+        for i, (done, n) in enumerate(zip(self.computed_before, self.num_new_tokens)):
             if self.is_decode(i):
                 ds += 1
-                dc += seq.num_computed_tokens + 1
+                dc += done + 1
             else:
                 pt += n
-                pc += seq.num_computed_tokens + n
+                pc += done + n
         return pt, pc, ds, dc
 
 
@@ -115,6 +115,7 @@ class Scheduler:
                 budget -= n
         if not out.preempted:
             self._admit_waiting(out, budget, now)
+        out.computed_before = [s.num_computed_tokens for s in out.seqs]
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
