@@ -1,0 +1,192 @@
+"""The replicas' metrics as Prometheus sees them: scraped every few seconds, read through rate
+windows and histogram quantiles, so an autoscaler in the simulator reacts with the same lag as a
+real one.
+
+Each replica keeps vLLM's counters and histograms (same buckets) cumulatively; a scrape copies
+them into a per-replica series; `rate` and `histogram_quantile` follow PromQL's semantics
+(extrapolation to the window edges, counter resets, linear interpolation inside a bucket).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+COUNTERS = ("arrivals", "prompt_tokens", "generation_tokens", "num_preemptions", "prefix_cache_queries",
+            "prefix_cache_hits", "request_success", "request_prompt_tokens_sum", "request_output_tokens_sum")
+HISTOGRAMS = {
+    "time_to_first_token_seconds": TTFT_BUCKETS,
+    "inter_token_latency_seconds": ITL_BUCKETS,
+    "request_time_per_output_token_seconds": ITL_BUCKETS,
+    "e2e_request_latency_seconds": E2E_BUCKETS,
+    "request_queue_time_seconds": E2E_BUCKETS,
+}
+
+
+def _layout() -> dict[str, slice | int]:
+    """Where each counter, histogram bucket vector (+Inf last), _sum and _count sits in a vector."""
+    out: dict[str, slice | int] = {}
+    i = 0
+    for c in COUNTERS:
+        out[c] = i
+        i += 1
+    for h, buckets in HISTOGRAMS.items():
+        out[h + "_bucket"] = slice(i, i + len(buckets) + 1)
+        i += len(buckets) + 1
+        out[h + "_sum"] = i
+        out[h + "_count"] = i + 1
+        i += 2
+    out["_size"] = i
+    return out
+
+
+LAYOUT = _layout()
+SIZE = LAYOUT["_size"]
+
+
+class ReplicaMetrics:
+    """Cumulative counters and (non-cumulative per-bucket) histogram counts of one replica."""
+
+    def __init__(self):
+        self.v = np.zeros(SIZE)
+        self._hist = {h: (LAYOUT[h + "_bucket"].start, LAYOUT[h + "_sum"], buckets)
+                      for h, buckets in HISTOGRAMS.items()}
+
+    def inc(self, counter: str, by: float = 1.0) -> None:
+        self.v[LAYOUT[counter]] += by
+
+    def observe(self, hist: str, value: float, count: int = 1) -> None:
+        start, s, buckets = self._hist[hist]
+        self.v[start + bisect.bisect_left(buckets, value)] += count  # le: value <= bound
+        self.v[s] += value * count
+        self.v[s + 1] += count
+
+    def observe_arithmetic(self, hist: str, first: float, step: float, n: int, weight: int = 1) -> None:
+        """Observes first + step*j for j in [0, n), each `weight` times, in O(buckets)."""
+        if n <= 0:
+            return
+        if step <= 0:
+            self.observe(hist, first, n * weight)
+            return
+        start, s, buckets = self._hist[hist]
+        done = 0
+        for k, le in enumerate(buckets):
+            upto = min(n, max(0, math.floor((le - first) / step) + 1))  # j with first + step*j <= le
+            if upto > done:
+                self.v[start + k] += (upto - done) * weight
+                done = upto
+        if done < n:
+            self.v[start + len(buckets)] += (n - done) * weight
+        self.v[s] += weight * (n * first + step * n * (n - 1) / 2)
+        self.v[s + 1] += n * weight
+
+    def cumulative(self) -> np.ndarray:
+        """The vector as Prometheus stores it: histogram buckets cumulative in le."""
+        out = self.v.copy()
+        for h in HISTOGRAMS:
+            sl = LAYOUT[h + "_bucket"]
+            out[sl] = np.cumsum(out[sl])
+        return out
+
+
+def extrapolated_increase(ts: list[float], vs: list[np.ndarray], start: float, end: float) -> np.ndarray | None:
+    """PromQL's increase() over the window (start, end] for one series; None with < 2 samples."""
+    if len(ts) < 2:
+        return None
+    delta = vs[-1] - vs[0]
+    # counter resets: add back what was there before each drop
+    for a, b in zip(vs[:-1], vs[1:]):
+        drop = b < a
+        if drop.any():
+            delta = delta + np.where(drop, a, 0.0)
+    sampled = ts[-1] - ts[0]
+    if sampled <= 0:
+        return None
+    avg = sampled / (len(ts) - 1)
+    to_start, to_end = ts[0] - start, end - ts[-1]
+    # a counter cannot be extrapolated below zero
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_zero = np.where(delta > 0, sampled * vs[0] / np.where(delta > 0, delta, 1), np.inf)
+    to_start = np.minimum(to_start, to_zero)
+    threshold = avg * 1.1
+    ext_start = np.where(to_start < threshold, to_start, avg / 2)
+    ext_end = to_end if to_end < threshold else avg / 2
+    return delta * (sampled + ext_start + ext_end) / sampled
+
+
+def histogram_quantile(q: float, le: tuple[float, ...], counts: np.ndarray) -> float:
+    """PromQL histogram_quantile over cumulative bucket counts (last = +Inf). NaN when empty."""
+    total = counts[-1]
+    if not total > 0 or math.isnan(total):
+        return math.nan
+    rank = q * total
+    i = int(np.searchsorted(counts, rank, side="left"))
+    if i >= len(le):  # in the +Inf bucket: the highest finite bound
+        return le[-1]
+    lower = 0.0 if i == 0 else le[i - 1]
+    below = 0.0 if i == 0 else counts[i - 1]
+    inside = counts[i] - below
+    if inside <= 0:
+        return le[i]
+    return lower + (le[i] - lower) * (rank - below) / inside
+
+
+class MetricStore:
+    """Scraped samples per series (a replica, or a router), and PromQL-style reads over them."""
+
+    def __init__(self, retention: float = 3600.0):
+        self.series: dict[tuple, tuple[list[float], list[np.ndarray]]] = {}
+        self.gauges: dict[tuple, tuple[float, dict]] = {}
+        self.retention = retention
+
+    def scrape(self, key: tuple, t: float, vector: np.ndarray, gauges: dict | None = None) -> None:
+        ts, vs = self.series.setdefault(key, ([], []))
+        ts.append(t)
+        vs.append(vector)
+        while ts and ts[0] < t - self.retention:
+            ts.pop(0)
+            vs.pop(0)
+        if gauges is not None:
+            self.gauges[key] = (t, gauges)
+
+    def forget(self, key: tuple) -> None:
+        self.gauges.pop(key, None)
+
+    def increase(self, keys, t: float, window: float) -> np.ndarray:
+        """sum(increase(x[window])) over the given series, for every counter and bucket at once."""
+        total = np.zeros(SIZE)
+        for k in keys:
+            if k not in self.series:
+                continue
+            ts, vs = self.series[k]
+            lo = bisect.bisect_right(ts, t - window)
+            hi = bisect.bisect_right(ts, t)
+            inc = extrapolated_increase(ts[lo:hi], vs[lo:hi], t - window, t)
+            if inc is not None:
+                total += inc
+        return total
+
+    def rate(self, keys, t: float, window: float) -> np.ndarray:
+        return self.increase(keys, t, window) / window
+
+    def gauge(self, keys, name: str, t: float, stale: float = 300.0) -> list[float]:
+        """Latest value of a gauge per series, skipping stale series (Prometheus' 5-minute lookback)."""
+        out = []
+        for k in keys:
+            g = self.gauges.get(k)
+            if g is not None and t - g[0] <= stale and name in g[1]:
+                out.append(g[1][name])
+        return out
+
+
+def quantile_of(rates: np.ndarray, hist: str, q: float) -> float:
+    return histogram_quantile(q, HISTOGRAMS[hist], rates[LAYOUT[hist + "_bucket"]])

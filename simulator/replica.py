@@ -1,0 +1,227 @@
+"""One simulated engine replica: the engine's own Scheduler and BlockManager, stepped in virtual time.
+
+Each step's duration comes from the latency model. Between events (an arrival, a completion, a
+prefill chunk, the step where KV blocks run out) the decode batch does not change, so the replica
+runs the first step through the real scheduler and advances the identical steps after it at once
+(simulator.fastforward); an arrival during such a stretch interrupts it at the next step boundary,
+exactly where a step-by-step run would have admitted it.
+
+Times are integer picoseconds (simulator.steptime). Lifecycle: provisioning -> ready -> draining ->
+gone, or failed.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from simulator.fastforward import advance_decodes, max_identical_steps
+from simulator.metrics import LAYOUT, ReplicaMetrics
+from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
+
+SAMPLED_TOKEN = 1  # synthetic output token; requests ignore EOS so output length = max_tokens
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, rid: int, pool, timer: StepTimer, fleet, fast: bool = True):
+        spec = pool.spec
+        self.env, self.id, self.pool, self.timer, self.fleet, self.fast = env, rid, pool, timer, fleet, fast
+        self.bm = BlockManager(spec.num_kv_blocks(), spec.block_size, spec.prefix_caching)
+        self.sched = Scheduler(self.bm, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len)
+        self.metrics = ReplicaMetrics()
+        self.state = "provisioning"
+        self.created = env.now
+        self.ready_at: int | None = None
+        self.gone_at: int | None = None
+        self.outstanding = 0
+        self.busy_ps = 0  # time spent stepping (utilisation)
+        self.max_usage = 0.0
+        self._wake: simpy.Event | None = None
+        self._ff: tuple | None = None  # the fast-forward in progress: (t0, a, b, c0, seqs, steps, out)
+        self.proc: simpy.Process | None = None
+
+    # -- what the router and the metrics see (ReplicaView) ---------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.sched.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.sched.running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.bm.usage
+
+    def kv_usage_now(self) -> float:
+        """KV usage at this instant, counting blocks the running fast-forward has grown into."""
+        if self._ff is None:
+            return self.bm.usage
+        t0, a, b, c0, seqs, steps, out = self._ff
+        done = steps_reaching(a, b, c0, seqs, self.env.now - t0 + 1) - 1
+        bs = self.bm.block_size
+        extra = sum(-(-(s.num_computed_tokens + 1 + done) // bs) - len(s.block_table) for s in out.seqs)
+        return min(1.0, self.bm.usage + max(extra, 0) / self.bm.num_blocks)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, delay_ps: int) -> None:
+        self.proc = self.env.process(self._life(delay_ps))
+
+    def _life(self, delay_ps: int):
+        try:
+            yield self.env.timeout(delay_ps)
+        except simpy.Interrupt:  # scaled away (or failed) while provisioning
+            return
+        self.state = "ready"
+        self.ready_at = self.env.now
+        self.fleet.on_ready(self)
+        yield from self._serve()
+
+    def submit(self, seq: Sequence) -> None:
+        self.sched.add(seq)
+        self.outstanding += 1
+        self.metrics.inc("arrivals")
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        elif self._ff is not None:
+            self._ff = None  # one interrupt ends the stretch; later arrivals just queue
+            self.proc.interrupt("arrival")
+
+    def drain(self) -> None:
+        """No new requests; in-flight ones finish, then the replica is gone."""
+        if self.state == "provisioning":
+            self.state = "gone"
+            self.gone_at = self.env.now
+            self.proc.interrupt("cancel")
+            return
+        self.state = "draining"
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def fail(self) -> list[Sequence]:
+        """Dies now; returns the requests it held (their progress is lost)."""
+        was = self.state
+        self.state = "failed"
+        self.gone_at = self.env.now
+        self._ff = None
+        seqs = list(self.sched.running) + list(self.sched.waiting)
+        if self.proc is not None and self.proc.is_alive and self.proc is not self.env.active_process:
+            self.proc.interrupt("fail" if was != "provisioning" else "cancel")
+        return seqs
+
+    # -- stepping ------------------------------------------------------------------------------
+    def _serve(self):
+        env, sched = self.env, self.sched
+        while True:
+            if not sched.has_unfinished():
+                if self.state == "draining":
+                    self.state = "gone"
+                    self.gone_at = env.now
+                    self.fleet.on_gone(self)
+                    return
+                self._wake = env.event()
+                try:
+                    yield self._wake
+                except simpy.Interrupt:
+                    return  # failed while idle
+                self._wake = None
+                continue
+            t0 = env.now
+            out = sched.schedule(t0)
+            if out.preempted:
+                self.metrics.inc("num_preemptions", len(out.preempted))
+            if not out.seqs:  # nothing fits right now (cannot normally happen): wait for a change
+                self._wake = env.event()
+                try:
+                    yield self._wake
+                except simpy.Interrupt:
+                    return
+                self._wake = None
+                continue
+            pt = pc = ds = dc = pseq = 0
+            for seq, n in zip(out.seqs, out.num_new_tokens):
+                c = seq.num_computed_tokens
+                if n == 1 and c >= seq.num_prompt_tokens:
+                    ds += 1
+                    dc += c + 1
+                else:
+                    pt += n
+                    pc += c + n
+                    pseq += 1
+            a, b = self.timer.coeffs(pt, pc, ds, pseq)
+            d0 = a + b * dc
+            extra = 0
+            if self.fast and pt == 0 and ds == len(sched.running) and ds <= sched.max_num_batched_tokens:
+                extra = max_identical_steps(sched, out.seqs)
+            steps = 1
+            try:
+                if extra == 0:
+                    yield env.timeout(d0)
+                else:
+                    self._ff = (t0, a, b, dc, ds, extra + 1, out)
+                    try:
+                        yield env.timeout(sum_steps(a, b, dc, ds, extra + 1))
+                        steps = extra + 1
+                    except simpy.Interrupt as intr:
+                        if intr.cause != "arrival":
+                            raise
+                        # the step in progress completes; the new request joins the next one
+                        steps = min(extra + 1, steps_reaching(a, b, dc, ds, env.now - t0))
+                        rest = t0 + sum_steps(a, b, dc, ds, steps) - env.now
+                        if rest > 0:
+                            yield env.timeout(rest)
+                    self._ff = None
+            except simpy.Interrupt:
+                return  # failed mid-step: the fleet has taken the requests back
+            t1 = t0 + d0
+            self._account(out, t1, d0, ds)
+            sampled = [SAMPLED_TOKEN if s.num_computed_tokens + n == len(s) else None
+                       for s, n in zip(out.seqs, out.num_new_tokens)]
+            finished = sched.update(out, sampled, t1)
+            self._after_update(out, sampled, finished, t1)
+            if steps > 1:
+                advance_decodes(self.bm, out.seqs, steps - 1, SAMPLED_TOKEN)
+                k = steps - 1
+                # ITL of each later step: a + b*(dc + ds*j) for j = 1..k, for each of the ds sequences
+                self.metrics.observe_arithmetic("inter_token_latency_seconds", (a + b * (dc + ds)) / PS,
+                                                b * ds / PS, k, ds)
+                self.metrics.inc("generation_tokens", ds * k)
+                self.busy_ps += sum_steps(a, b, dc, ds, steps) - d0
+            u = self.bm.usage
+            if u > self.max_usage:
+                self.max_usage = u
+
+    def _account(self, out, t1: int, d0: int, ds: int) -> None:
+        self.busy_ps += d0
+        if ds:
+            self.metrics.observe("inter_token_latency_seconds", d0 / PS, ds)
+
+    def _after_update(self, out, sampled: list, finished: list[Sequence], t1: int) -> None:
+        m = self.metrics
+        gen = 0
+        for seq, token in zip(out.seqs, sampled):
+            if token is not None:
+                gen += 1
+                if seq.first_token_time == t1 and seq.num_output_tokens == 1:
+                    m.observe("time_to_first_token_seconds", (t1 - seq.fleet_arrival) / PS)
+                    m.observe("request_queue_time_seconds", (seq.first_scheduled_time - seq.replica_arrival) / PS)
+                    m.inc("prompt_tokens", seq.num_prompt_tokens)
+        m.inc("generation_tokens", gen)
+        for seq in finished:
+            self.outstanding -= 1
+            e2e = (seq.finish_time - seq.fleet_arrival) / PS
+            m.observe("e2e_request_latency_seconds", e2e)
+            if seq.num_output_tokens > 1:
+                m.observe("request_time_per_output_token_seconds",
+                          (seq.finish_time - seq.first_token_time) / PS / (seq.num_output_tokens - 1))
+            m.inc("request_success")
+            m.inc("request_prompt_tokens_sum", seq.num_prompt_tokens)
+            m.inc("request_output_tokens_sum", seq.num_output_tokens)
+            self.fleet.on_finish(self, seq)
+
+    def scrape_vector(self):
+        self.metrics.v[LAYOUT["prefix_cache_queries"]] = self.bm.prefix_cache_queries
+        self.metrics.v[LAYOUT["prefix_cache_hits"]] = self.bm.prefix_cache_hits
+        return self.metrics.cumulative()

@@ -1,0 +1,235 @@
+"""Results of a run: per-request table, timeline, summary (SLO attainment, goodput, cost), plots, HTML.
+
+Everything written is a pure function of the run, so the same seed gives byte-identical files
+(plots carry no timestamps or version metadata).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from simulator.fleet import STATUS
+from simulator.steptime import PS
+
+REQUEST_COLUMNS = ("id", "arrival", "queue", "first_token", "finish", "prompt_tokens", "output_tokens",
+                   "cached_tokens", "ttft", "tpot", "e2e", "replica", "pool", "preemptions", "retries", "status")
+TIMELINE_COLUMNS = ("time", "pool", "desired", "provisioning", "ready", "draining", "arrival_rate", "waiting",
+                    "running", "kv_usage")
+
+
+def request_table(fleet) -> dict[str, np.ndarray]:
+    """Per-request columns in seconds (NaN where a time does not exist)."""
+    n = len(fleet.wl)
+    arrival = fleet.arrival_ps / PS
+
+    def t(col):
+        return np.where(col >= 0, col / PS, np.nan)
+
+    first_sched, first_tok, finish = t(fleet.req_first_sched), t(fleet.req_first_token), t(fleet.req_finish)
+    gen = fleet.req_generated
+    ok = fleet.req_status == 1
+    tpot = np.where(ok & (gen > 1), (finish - first_tok) / np.maximum(gen - 1, 1), np.nan)
+    return {
+        "id": np.arange(n), "arrival": arrival, "queue": first_sched - arrival, "first_token": first_tok,
+        "finish": finish, "prompt_tokens": fleet.wl.prompt, "output_tokens": gen, "cached_tokens": fleet.req_cached,
+        "ttft": first_tok - arrival, "tpot": tpot, "e2e": np.where(ok, finish - arrival, np.nan),
+        "replica": fleet.req_replica, "pool": fleet.req_pool, "preemptions": fleet.req_preempt,
+        "retries": fleet.req_retries, "status": fleet.req_status,
+    }
+
+
+def _pcts(x: np.ndarray) -> dict:
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return {"count": 0}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"count": int(len(x)), "mean": float(x.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": float(x.max())}
+
+
+def slo_metric(req: dict, name: str) -> np.ndarray:
+    return req["tpot"] if name in ("tpot", "itl") else req[name]
+
+
+def slo_meets(req: dict, slo, arrived: np.ndarray) -> np.ndarray:
+    """Per arrived request: did it meet this SLO (requests that did not finish never do)."""
+    ok = req["status"][arrived] == 1
+    v = slo_metric(req, slo.name)[arrived]
+    if slo.name in ("tpot", "itl"):  # a one-token answer has no inter-token time: it meets the SLO
+        return ok & (np.isnan(v) | (v <= slo.threshold))
+    return ok & (v <= slo.threshold)
+
+
+def window_attainment(req: dict, slos, arrived: np.ndarray, window: float = 60.0) -> float | None:
+    """Fraction of windows (by arrival minute) where every SLO's percentile was within its threshold."""
+    if not slos or not arrived.any():
+        return None
+    arr = req["arrival"][arrived]
+    bins = (arr // window).astype(np.int64)
+    good = total = 0
+    for b in np.unique(bins):
+        sel = np.flatnonzero(arrived)[bins == b]
+        if len(sel) == 0:
+            continue
+        total += 1
+        fine = True
+        for slo in slos:
+            v = slo_metric(req, slo.name)[sel]
+            v = np.where(req["status"][sel] == 1, v, np.inf)
+            if slo.name in ("tpot", "itl"):
+                v = np.where(np.isnan(v), 0.0, v)
+            if np.percentile(v, slo.percentile) > slo.threshold:
+                fine = False
+                break
+        good += fine
+    return good / total if total else None
+
+
+def summarize(fleet) -> dict:
+    sc = fleet.sc
+    req = request_table(fleet)
+    arrived = np.arange(len(req["id"])) < fleet.arrived  # arrivals are processed in order
+    n_arrived = int(arrived.sum())
+    status = req["status"]
+    span = (fleet.end_ps if fleet.end_ps > 0 else fleet.end_time_ps) / PS
+    ok = status == 1
+    slos = {}
+    joint = np.ones(n_arrived, dtype=bool)
+    for slo in sc.slos:
+        meets = slo_meets(req, slo, arrived)
+        joint &= meets
+        value = _pcts(slo_metric(req, slo.name)[arrived & ok]).get(f"p{int(slo.percentile)}")
+        if value is None:
+            vals = slo_metric(req, slo.name)[arrived & ok]
+            vals = vals[~np.isnan(vals)]
+            value = float(np.percentile(vals, slo.percentile)) if len(vals) else None
+        slos[slo.name] = {"threshold": slo.threshold, "percentile": slo.percentile,
+                          "attainment": float(meets.mean()) if n_arrived else None,
+                          "value_at_percentile": value,
+                          "met": bool(value is not None and value <= slo.threshold)}
+    pools = {}
+    for pool in fleet.pools:
+        rs = fleet.replica_seconds(pool)
+        ready_s = fleet.ready_seconds(pool)
+        hits = sum(r.bm.prefix_cache_hits for r in pool.replicas)
+        queries = sum(r.bm.prefix_cache_queries for r in pool.replicas)
+        pools[pool.spec.name] = {
+            "replica_hours": rs / 3600, "cost": rs / 3600 * pool.spec.cost_per_hour,
+            "utilization": fleet.busy_seconds(pool) / ready_s if ready_s > 0 else None,
+            "scale_events": len(pool.scale_events),
+            "scale_event_list": [{"time": t, "from": a, "to": b} for t, a, b in pool.scale_events],
+            "max_replicas": max([e[2] for e in pool.scale_events] + [pool.spec.replicas]),
+            "replicas_created": len(pool.replicas),
+            "prefix_cache_hit_rate": hits / queries if queries else None,
+            "peak_kv_usage": max((r.max_usage for r in pool.replicas), default=0.0),
+            "preemptions": int(sum(r.sched.num_preemptions for r in pool.replicas)),
+        }
+    tl = fleet.timeline
+    in_system = float(np.mean([sum(r["waiting"] + r["running"] for r in tl if r["time"] == t)
+                               for t in sorted({r["time"] for r in tl})])) if tl else None
+    e2e = req["e2e"][arrived & ok]
+    summary = {
+        "scenario": sc.name, "seed": fleet.seed, "duration": span,
+        "simulated_until": fleet.end_time_ps / PS,
+        "requests": {"arrived": n_arrived, "ok": int(ok.sum()),
+                     **{s: int((status[arrived] == i).sum()) for i, s in enumerate(STATUS) if i >= 2},
+                     "retries": int(fleet.req_retries.sum())},
+        "slo": slos,
+        "slo_attainment_joint": float(joint.mean()) if n_arrived and sc.slos else None,
+        "slo_window_attainment": window_attainment(req, sc.slos, arrived),
+        "goodput_rps": float(joint.sum()) / span if span > 0 and sc.slos else None,
+        "throughput_rps": float(ok.sum()) / span if span > 0 else None,
+        "output_tokens_per_s": float(req["output_tokens"][ok].sum()) / span if span > 0 else None,
+        "latency": {k: _pcts(req[k][arrived & ok]) for k in ("ttft", "tpot", "e2e", "queue")},
+        "pools": pools,
+        "replica_hours": sum(p["replica_hours"] for p in pools.values()),
+        "cost": sum(p["cost"] for p in pools.values()),
+        "scale_events": sum(p["scale_events"] for p in pools.values()),
+        "littles_law": {"mean_in_system": in_system,
+                        # over the whole simulated span, as the timeline covers it
+                        "throughput_x_mean_e2e": float(ok.sum()) / (fleet.end_time_ps / PS) * float(e2e.mean())
+                        if len(e2e) else None},
+    }
+    return summary
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (float, np.floating)):
+        return "" if np.isnan(v) else f"{float(v):.6f}"
+    return str(v)
+
+
+def write_requests_csv(fleet, path: Path) -> None:
+    req = request_table(fleet)
+    cols = [req[c] for c in REQUEST_COLUMNS]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        status_names = STATUS
+        for i in range(len(req["id"])):
+            row = [_fmt(c[i]) for c in cols[:-1]]
+            row.append(status_names[int(cols[-1][i])])
+            w.writerow(row)
+
+
+def write_timeline_csv(fleet, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TIMELINE_COLUMNS)
+        for r in fleet.timeline:
+            w.writerow([_fmt(r[c]) if isinstance(r[c], float) else r[c] for c in TIMELINE_COLUMNS])
+
+
+def write_outputs(fleet, summary: dict, out: Path, plots: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_requests_csv(fleet, out / "requests.csv")
+    write_timeline_csv(fleet, out / "timeline.csv")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    images = []
+    if plots:
+        from simulator.plots import plot_all
+
+        images = plot_all(fleet, request_table(fleet), out)
+    write_html(summary, images, out / "report.html")
+
+
+def write_html(summary: dict, images: list[str], path: Path) -> None:
+    def row(k, v):
+        return f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>slopilot: {html.escape(summary['scenario'])}"
+             "</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+             "text-align:left}img{max-width:100%}</style></head><body>",
+             f"<h1>Simulation report: {html.escape(summary['scenario'])}</h1>", "<h2>Requests</h2><table>"]
+    parts += [row(k, v) for k, v in summary["requests"].items()]
+    parts += ["</table><h2>SLOs</h2><table><tr><th>SLO</th><th>threshold (s)</th><th>percentile</th>"
+              "<th>value at percentile (s)</th><th>met</th><th>request attainment</th></tr>"]
+    for name, s in summary["slo"].items():
+        parts.append(f"<tr><td>{name}</td><td>{s['threshold']}</td><td>{s['percentile']}</td>"
+                     f"<td>{_fmt(s['value_at_percentile'])}</td><td>{s['met']}</td><td>{_fmt(s['attainment'])}</td></tr>")
+    parts.append("</table><table>")
+    for k in ("slo_attainment_joint", "slo_window_attainment", "goodput_rps", "throughput_rps",
+              "output_tokens_per_s", "replica_hours", "cost", "scale_events"):
+        parts.append(row(k, summary[k]))
+    parts.append("</table><h2>Latency (s)</h2><table><tr><th></th><th>mean</th><th>p50</th><th>p90</th>"
+                 "<th>p99</th></tr>")
+    for k, v in summary["latency"].items():
+        parts.append(f"<tr><th>{k}</th>" + "".join(f"<td>{_fmt(v.get(c, float('nan')))}</td>"
+                                                   for c in ("mean", "p50", "p90", "p99")) + "</tr>")
+    parts.append("</table><h2>Pools</h2><table><tr><th>pool</th><th>replica-hours</th><th>cost</th>"
+                 "<th>utilization</th><th>scale events</th><th>prefix hit rate</th><th>peak KV</th></tr>")
+    for name, p in summary["pools"].items():
+        parts.append(f"<tr><td>{html.escape(name)}</td>" + "".join(
+            f"<td>{_fmt(p[c])}</td>" for c in ("replica_hours", "cost", "utilization", "scale_events",
+                                               "prefix_cache_hit_rate", "peak_kv_usage")) + "</tr>")
+    parts.append("</table>")
+    for img in images:
+        parts.append(f"<h2>{html.escape(Path(img).stem.replace('_', ' '))}</h2><img src='{html.escape(img)}'>")
+    parts.append("</body></html>\n")
+    path.write_text("\n".join(parts))
