@@ -1,0 +1,58 @@
+"""`slopilot replay --spec SPEC.yaml --metrics SERIES.csv [-o OUT.csv]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "replay recorded metric series through a ScaledObject / InferenceAutoscaler policy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", required=True, help="KEDA ScaledObject or InferenceAutoscaler YAML")
+    parser.add_argument("--metrics", required=True, help="series CSV: time, one column per trigger, ...")
+    parser.add_argument("-o", "--output", help="write the decisions CSV here (default: stdout)")
+    parser.add_argument(
+        "--initial-replicas",
+        type=int,
+        default=None,
+        help="replicas before the first row when the series has no current_replicas "
+        "(default: the spec's minimum)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=None, help="override the spec's polling interval (s)"
+    )
+    parser.add_argument(
+        "--step-model",
+        help="JSON step-time coefficients for sloModel specs "
+        "(base_ms, prefill_token_ms, decode_seq_ms, decode_context_token_ms)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoscaler.replay import LinearStepModel, read_series, replay, to_csv
+    from autoscaler.spec import load_spec, make_policy
+
+    spec_path, series_path = Path(args.spec), Path(args.metrics)
+    try:
+        spec = load_spec(spec_path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{spec_path}: {exc}") from None
+    model = None
+    if args.step_model:
+        try:
+            model = LinearStepModel(json.loads(Path(args.step_model).read_text()), args.step_model)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{args.step_model}: not valid JSON: {exc}") from None
+    policy = make_policy(spec, latency_model=model)
+    rows, rfc = read_series(series_path.read_text(), [t.name for t in spec.triggers], str(series_path))
+    initial = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
+    results = replay(policy, rows, args.interval or spec.polling_interval, initial)
+    text = to_csv(results, rfc)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
