@@ -56,8 +56,15 @@ class Pool:
 
 
 class Fleet:
-    def __init__(self, scenario: Scenario, workload: Workload, seed: int | None = None, fast: bool = True,
-                 models: dict | None = None, progress: bool = False):
+    def __init__(
+        self,
+        scenario: Scenario,
+        workload: Workload,
+        seed: int | None = None,
+        fast: bool = True,
+        models: dict | None = None,
+        progress: bool = False,
+    ):
         self.sc = scenario
         self.wl = workload
         self.seed = scenario.seed if seed is None else seed
@@ -67,8 +74,14 @@ class Fleet:
         ss = np.random.SeedSequence(self.seed)
         self.rng_startup, self.rng_fail, router_seed = (np.random.default_rng(s) for s in ss.spawn(3))
         r = scenario.router
-        self.router = Router(r["policy"], r["weights"], int(router_seed.integers(2 ** 31)), r["prefix_lru_blocks"],
-                             kv_threshold=r["kv_threshold"], queue_threshold=r["queue_threshold"])
+        self.router = Router(
+            r["policy"],
+            r["weights"],
+            int(router_seed.integers(2**31)),
+            r["prefix_lru_blocks"],
+            kv_threshold=r["kv_threshold"],
+            queue_threshold=r["queue_threshold"],
+        )
         self.store = MetricStore(retention=max(4 * scenario.rate_window, 600.0))
         models = models or {}
         self.pools: list[Pool] = []
@@ -95,8 +108,9 @@ class Fleet:
         self.timeline: list[dict] = []
         self.finished = 0
         self.needs_tokens = any(p.spec.prefix_caching for p in self.pools) or self.router.uses_prefix
-        self.end_ps = to_ps(scenario.duration if scenario.duration is not None else
-                            (float(workload.times[-1]) if n else 0.0))
+        self.end_ps = to_ps(
+            scenario.duration if scenario.duration is not None else (float(workload.times[-1]) if n else 0.0)
+        )
         self._arrivals_window: list[int] = [0] * len(self.pools)
         self.arrived = 0
 
@@ -118,7 +132,7 @@ class Fleet:
         elif len(live) > target:
             # provisioning ones go first, then the newest ready ones
             order = sorted(live, key=lambda r: (r.state != "provisioning", -r.created, -r.id))
-            for rep in order[:len(live) - target]:
+            for rep in order[: len(live) - target]:
                 if rep in self.ready:
                     self.ready.remove(rep)
                 rep.drain()
@@ -149,7 +163,7 @@ class Fleet:
         self.req_first_sched[i] = seq.first_scheduled_time
         self.req_first_token[i] = seq.first_token_time
         self.req_finish[i] = seq.finish_time
-        self.req_cached[i] = seq.num_cached_tokens_first
+        self.req_cached[i] = seq.num_cached_tokens
         self.req_generated[i] = seq.num_output_tokens
         self.req_preempt[i] = seq.num_preemptions
         self.req_status[i] = 1
@@ -184,10 +198,17 @@ class Fleet:
     def _make_seq(self, i: int) -> Sequence:
         wl = self.wl
         n = int(wl.prompt[i])
-        ids = prompt_token_ids(i, n, wl.hash_ids[i] if wl.hash_ids is not None else None) \
-            if self.needs_tokens else [0] * n
-        seq = Sequence(ids, SamplingParams(max_tokens=int(wl.output[i]), ignore_eos=True), request_id=str(i),
-                       arrival_time=seconds(int(self.arrival_ps[i])))
+        ids = (
+            prompt_token_ids(i, n, wl.hash_ids[i] if wl.hash_ids is not None else None)
+            if self.needs_tokens
+            else [0] * n
+        )
+        seq = Sequence(
+            ids,
+            SamplingParams(max_tokens=int(wl.output[i]), ignore_eos=True),
+            request_id=str(i),
+            arrival_time=seconds(int(self.arrival_ps[i])),
+        )
         seq.req_index = i
         seq.fleet_arrival = int(self.arrival_ps[i])
         return seq
@@ -208,7 +229,6 @@ class Fleet:
             self.req_status[i] = 2
             self.finished += 1
             return
-        seq.num_cached_tokens_first = 0
 
     def _arrivals(self):
         env = self.env
@@ -236,9 +256,16 @@ class Fleet:
             for pool in self.pools:
                 for rep in pool.replicas:
                     if rep.state in ("ready", "draining"):
-                        self.store.scrape((pool.index, rep.id), t, rep.scrape_vector(),
-                                          {"waiting": rep.num_waiting, "running": rep.num_running,
-                                           "kv_usage": rep.kv_usage_now()})
+                        self.store.scrape(
+                            (pool.index, rep.id),
+                            t,
+                            rep.scrape_vector(),
+                            {
+                                "waiting": rep.num_waiting,
+                                "running": rep.num_running,
+                                "kv_usage": rep.kv_usage_now(),
+                            },
+                        )
             yield self.env.timeout(interval)
 
     def _sample_timeline(self):
@@ -252,15 +279,21 @@ class Fleet:
             for pool in self.pools:
                 reps = [r for r in pool.replicas if r.state in ("ready", "draining")]
                 ready = [r for r in reps if r.state == "ready"]
-                self.timeline.append({
-                    "time": t, "pool": pool.spec.name, "desired": pool.desired,
-                    "provisioning": pool.count("provisioning"), "ready": len(ready),
-                    "draining": pool.count("draining"),
-                    "arrival_rate": arrived / self.sc.timeline_interval if pool.index == 0 else 0.0,
-                    "waiting": sum(r.num_waiting for r in reps) + (len(self.backlog) if pool.index == 0 else 0),
-                    "running": sum(r.num_running for r in reps),
-                    "kv_usage": float(np.mean([r.kv_usage_now() for r in ready])) if ready else 0.0,
-                })
+                self.timeline.append(
+                    {
+                        "time": t,
+                        "pool": pool.spec.name,
+                        "desired": pool.desired,
+                        "provisioning": pool.count("provisioning"),
+                        "ready": len(ready),
+                        "draining": pool.count("draining"),
+                        "arrival_rate": arrived / self.sc.timeline_interval if pool.index == 0 else 0.0,
+                        "waiting": sum(r.num_waiting for r in reps)
+                        + (len(self.backlog) if pool.index == 0 else 0),
+                        "running": sum(r.num_running for r in reps),
+                        "kv_usage": float(np.mean([r.kv_usage_now() for r in ready])) if ready else 0.0,
+                    }
+                )
             if self._bar is not None:
                 self._bar[0].update(self._bar[1], completed=min(self.env.now, self._horizon))
 
@@ -280,8 +313,14 @@ class Fleet:
         progress = None
         if self.progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-            progress = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                                TimeElapsedColumn(), transient=True)
+
+            progress = Progress(
+                TextColumn("simulating"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeElapsedColumn(),
+                transient=True,
+            )
             progress.start()
             self._bar = (progress, progress.add_task("sim", total=self._horizon))
         try:
@@ -326,5 +365,11 @@ class Fleet:
 
     def ready_seconds(self, pool: Pool) -> float:
         end = self.end_time_ps
-        return sum(((r.gone_at if r.gone_at is not None else end) - r.ready_at) for r in pool.replicas
-                   if r.ready_at is not None) / PS
+        return (
+            sum(
+                ((r.gone_at if r.gone_at is not None else end) - r.ready_at)
+                for r in pool.replicas
+                if r.ready_at is not None
+            )
+            / PS
+        )

@@ -153,7 +153,8 @@ class Replica:
             a, b = self.timer.coeffs(pt, pc, ds, pseq)
             d0 = a + b * dc
             extra = 0
-            if self.fast and pt == 0 and ds == len(sched.running) and ds <= sched.max_num_batched_tokens:
+            # a step that preempted skipped admission, so the next one may admit: no stretch after it
+            if self.fast and pt == 0 and not out.preempted and ds == len(sched.running):
                 extra = max_identical_steps(sched, out.seqs)
             steps = 1
             try:
@@ -177,16 +178,19 @@ class Replica:
                 return  # failed mid-step: the fleet has taken the requests back
             t1 = t0 + d0
             self._account(out, t1, d0, ds)
-            sampled = [SAMPLED_TOKEN if s.num_computed_tokens + n == len(s) else None
-                       for s, n in zip(out.seqs, out.num_new_tokens)]
+            sampled = [
+                SAMPLED_TOKEN if s.num_computed_tokens + n == len(s) else None
+                for s, n in zip(out.seqs, out.num_new_tokens)
+            ]
             finished = sched.update(out, sampled, t1)
             self._after_update(out, sampled, finished, t1)
             if steps > 1:
                 advance_decodes(self.bm, out.seqs, steps - 1, SAMPLED_TOKEN)
                 k = steps - 1
                 # ITL of each later step: a + b*(dc + ds*j) for j = 1..k, for each of the ds sequences
-                self.metrics.observe_arithmetic("inter_token_latency_seconds", (a + b * (dc + ds)) / PS,
-                                                b * ds / PS, k, ds)
+                self.metrics.observe_arithmetic(
+                    "inter_token_latency_seconds", (a + b * (dc + ds)) / PS, b * ds / PS, k, ds
+                )
                 self.metrics.inc("generation_tokens", ds * k)
                 self.busy_ps += sum_steps(a, b, dc, ds, steps) - d0
             u = self.bm.usage
@@ -206,7 +210,9 @@ class Replica:
                 gen += 1
                 if seq.first_token_time == t1 and seq.num_output_tokens == 1:
                     m.observe("time_to_first_token_seconds", (t1 - seq.fleet_arrival) / PS)
-                    m.observe("request_queue_time_seconds", (seq.first_scheduled_time - seq.replica_arrival) / PS)
+                    m.observe(
+                        "request_queue_time_seconds", (seq.first_scheduled_time - seq.replica_arrival) / PS
+                    )
                     m.inc("prompt_tokens", seq.num_prompt_tokens)
         m.inc("generation_tokens", gen)
         for seq in finished:
@@ -214,8 +220,10 @@ class Replica:
             e2e = (seq.finish_time - seq.fleet_arrival) / PS
             m.observe("e2e_request_latency_seconds", e2e)
             if seq.num_output_tokens > 1:
-                m.observe("request_time_per_output_token_seconds",
-                          (seq.finish_time - seq.first_token_time) / PS / (seq.num_output_tokens - 1))
+                m.observe(
+                    "request_time_per_output_token_seconds",
+                    (seq.finish_time - seq.first_token_time) / PS / (seq.num_output_tokens - 1),
+                )
             m.inc("request_success")
             m.inc("request_prompt_tokens_sum", seq.num_prompt_tokens)
             m.inc("request_output_tokens_sum", seq.num_output_tokens)
