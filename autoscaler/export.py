@@ -101,7 +101,11 @@ def to_scaled_object(spec: Spec, server_address: str = "http://prometheus:9090")
             },
             "horizontalPodAutoscalerConfig": {
                 "behavior": {
-                    "scaleUp": {"stabilizationWindowSeconds": 0, "tolerance": "0"},
+                    "scaleUp": {
+                        "stabilizationWindowSeconds": 0,
+                        "tolerance": "0",
+                        "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 15}],
+                    },
                     "scaleDown": {
                         "stabilizationWindowSeconds": 0,
                         "tolerance": _num(round(1 - down / up, 4)),
@@ -113,6 +117,7 @@ def to_scaled_object(spec: Spec, server_address: str = "http://prometheus:9090")
             f"smoothing: the {int(window)} s mean of s becomes {int(window)} s rate windows in the queries",
             f"scale-down step: the HPA goes to ceil(s / {_num(up)} x ready), the ratio law to "
             f"n - floor(n x (1 - s / {_num(down)})) (the HPA shrinks faster)",
+            "scale-up rate: the HPA allows at most 11x the replicas per 15 s (Percent 1000), the law none",
             "per-direction tolerance needs Kubernetes >= 1.33 with the HPAConfigurableTolerance feature gate",
         ]
     doc = {
