@@ -27,6 +27,7 @@ class SimpleDecision:
 
 class FixedPolicy:
     """Keeps the pool at a constant size."""
+
     needs_observation = False
 
     def __init__(self, replicas: int):
@@ -39,6 +40,7 @@ class FixedPolicy:
 
 class SchedulePolicy:
     """A time schedule [(at_s, replicas)]; before the first entry the pool keeps its initial size."""
+
     needs_observation = False
 
     def __init__(self, steps: list[tuple[float, int]], initial: int, polling_interval: float = 1.0):
@@ -87,6 +89,7 @@ def make_pool_policy(spec, latency_model):
     model = latency_model
     if cfg.get("latency_model"):
         from simulator.fleet import load_latency_model
+
         model = load_latency_model(cfg["latency_model"])
     policy = make_policy(parsed, latency_model=model)
     policy.spec = parsed
@@ -128,7 +131,9 @@ def build_observation(fleet, pool):
     done = rates[LAYOUT["request_success"]]
     ready = pool.count("ready")
     obs = Observation(
-        time=t, current_replicas=pool.desired, ready_replicas=ready,
+        time=t,
+        current_replicas=pool.desired,
+        ready_replicas=ready,
         arrival_rate=float(rates[LAYOUT["arrivals"]]),
         mean_prompt_tokens=float(rates[LAYOUT["request_prompt_tokens_sum"]] / done) if done > 0 else None,
         mean_output_tokens=float(rates[LAYOUT["request_output_tokens_sum"]] / done) if done > 0 else None,
@@ -138,9 +143,11 @@ def build_observation(fleet, pool):
         starting_replicas=pool.count("provisioning"),
         max_batch_seqs=pool.spec.max_num_seqs,
     )
-    for name, table in (("time_to_first_token_seconds", obs.ttft_p),
-                        ("request_time_per_output_token_seconds", obs.tpot_p),
-                        ("inter_token_latency_seconds", obs.itl_p)):
+    for name, table in (
+        ("time_to_first_token_seconds", obs.ttft_p),
+        ("request_time_per_output_token_seconds", obs.tpot_p),
+        ("inter_token_latency_seconds", obs.itl_p),
+    ):
         for p in PERCENTILES:
             v = quantile_of(rates, name, p / 100)
             if not math.isnan(v):

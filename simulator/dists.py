@@ -68,7 +68,7 @@ class Dist:
             return float(p["mean"])
         if self.kind == "lognormal":
             mu, sigma = lognormal_params(p)
-            return math.exp(mu + sigma ** 2 / 2)
+            return math.exp(mu + sigma**2 / 2)
         return float(np.mean(p["values"]))
 
 
@@ -97,8 +97,10 @@ def parse_dist(value, where: str, integer: bool = False, positive: bool = True) 
     params = {k: v for k, v in value.items() if k != "dist" and k not in BOUNDS}
     for k in params:
         if k not in PARAMS[kind]:
-            raise ValueError(f"{where}.{k}: unknown key for dist {kind!r} "
-                             f"(allowed: {', '.join(sorted(PARAMS[kind] | BOUNDS))})")
+            raise ValueError(
+                f"{where}.{k}: unknown key for dist {kind!r} "
+                f"(allowed: {', '.join(sorted(PARAMS[kind] | BOUNDS))})"
+            )
     required = {"lognormal": None}.get(kind, PARAMS[kind])
     if kind == "lognormal":
         if not ({"mean", "median"} <= params.keys() or {"mu", "sigma"} <= params.keys()):

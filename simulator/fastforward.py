@@ -14,33 +14,48 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 
 
-def _blocks_needed(seqs: list[Sequence], bs: int, j: int) -> int:
+def _blocks_needed(seqs, bs: int, j: int) -> int:
     """New blocks that j more decode steps need beyond what the block tables hold."""
-    return sum(cdiv(s.num_computed_tokens + 1 + j, bs) - cdiv(s.num_computed_tokens + 1, bs) for s in seqs)
+    return sum(max(0, cdiv(s.num_computed_tokens + j, bs) - len(s.block_table)) for s in seqs)
 
 
-def max_identical_steps(sched: Scheduler, seqs: list[Sequence]) -> int:
-    """How many decode steps after the current one (not yet updated) can be advanced at once.
+def decode_stretch(sched: Scheduler) -> int:
+    """How many of the next steps are identical decodes of the whole running batch (0: take a real step).
 
-    The current step leaves each sequence one token longer; a later step j must neither finish a
-    sequence (max_tokens or max_model_len) nor run out of blocks. Waiting requests cannot be admitted
-    during the stretch: the current step did not admit them, and free blocks only shrink.
+    True when every running request has only its last sampled token to compute, no waiting request
+    can be admitted (the batch is full, or the head of the queue does not fit now, and free blocks only
+    shrink while decoding), and for as long as no request finishes (max_tokens, max_model_len) and
+    every block allocation succeeds.
     """
+    running = sched.running
+    if not running or len(running) > sched.max_num_batched_tokens:
+        return 0
     limit = None
-    for s in seqs:
-        left = min(s.sampling_params.max_tokens - s.num_output_tokens, sched.max_model_len - len(s)) - 2
+    for s in running:
+        if len(s.token_ids) - s.num_computed_tokens != 1:
+            return 0  # a prefill (chunk) is pending
+        left = min(s.sampling_params.max_tokens - s.num_output_tokens, sched.max_model_len - len(s)) - 1
         if limit is None or left < limit:
             limit = left
-    if limit is None or limit <= 0:
+    if limit <= 0:
         return 0
     bm = sched.bm
+    if sched.waiting and len(running) < sched.max_num_seqs:
+        budget = sched.max_num_batched_tokens - len(running)
+        if budget > 0:
+            head = sched.waiting[0]
+            hit_blocks, _ = bm.lookup_prefix(head)
+            n = min(len(head) - len(hit_blocks) * bm.block_size, budget)
+            if bm.can_admit(head, hit_blocks, n):
+                return 0
     free = bm.num_free_blocks
-    if _blocks_needed(seqs, bm.block_size, limit) <= free:
+    bs = bm.block_size
+    if _blocks_needed(running, bs, limit) <= free:
         return limit
     lo, hi = 0, limit  # need(lo) <= free < need(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _blocks_needed(seqs, bm.block_size, mid) <= free:
+        if _blocks_needed(running, bs, mid) <= free:
             lo = mid
         else:
             hi = mid
@@ -48,9 +63,9 @@ def max_identical_steps(sched: Scheduler, seqs: list[Sequence]) -> int:
 
 
 def advance_decodes(bm: BlockManager, seqs: list[Sequence], k: int, token: int) -> None:
-    """Applies k decode steps to seqs (already updated for the current step), as the scheduler would:
-    each step allocates the blocks the sequences grow into (in batch order), computes one token per
-    sequence, registers newly full blocks and appends the sampled token."""
+    """Applies k decode steps to seqs (each with only its last sampled token left to compute), as the
+    scheduler would: each step allocates the blocks the sequences grow into (in batch order),
+    computes one token per sequence, registers newly full blocks and appends the sampled token."""
     bs = bm.block_size
     base = [s.num_computed_tokens for s in seqs]
     events = []  # (step, phase, order): phase 0 = allocate before the step, 1 = cache after it

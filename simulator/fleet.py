@@ -303,7 +303,7 @@ class Fleet:
         for pool in self.pools:
             for _ in range(pool.desired):
                 self._new_replica(pool, immediate=True)
-        env.process(self._arrivals())
+        self._arrival_proc = env.process(self._arrivals())
         env.process(self._scrape())
         for pool in self.pools:
             env.process(self._autoscale(pool))
@@ -328,8 +328,9 @@ class Fleet:
             if self.sc.drain_after_end:
                 step = to_ps(self.sc.timeline_interval)
                 limit = self._horizon
-                total = min(self.arrived, len(self.wl))
-                while self.finished + self._lost() < total and env.now < limit:
+                while (
+                    self._arrival_proc.is_alive or self.finished + self._lost() < self.arrived
+                ) and env.now < limit:
                     env.run(until=min(env.now + step, limit))
         finally:
             if progress is not None:

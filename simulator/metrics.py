@@ -14,15 +14,86 @@ import math
 
 import numpy as np
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
-COUNTERS = ("arrivals", "prompt_tokens", "generation_tokens", "num_preemptions", "prefix_cache_queries",
-            "prefix_cache_hits", "request_success", "request_prompt_tokens_sum", "request_output_tokens_sum")
+COUNTERS = (
+    "arrivals",
+    "prompt_tokens",
+    "generation_tokens",
+    "num_preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "request_success",
+    "request_prompt_tokens_sum",
+    "request_output_tokens_sum",
+)
 HISTOGRAMS = {
     "time_to_first_token_seconds": TTFT_BUCKETS,
     "inter_token_latency_seconds": ITL_BUCKETS,
@@ -58,8 +129,9 @@ class ReplicaMetrics:
 
     def __init__(self):
         self.v = np.zeros(SIZE)
-        self._hist = {h: (LAYOUT[h + "_bucket"].start, LAYOUT[h + "_sum"], buckets)
-                      for h, buckets in HISTOGRAMS.items()}
+        self._hist = {
+            h: (LAYOUT[h + "_bucket"].start, LAYOUT[h + "_sum"], buckets) for h, buckets in HISTOGRAMS.items()
+        }
 
     def inc(self, counter: str, by: float = 1.0) -> None:
         self.v[LAYOUT[counter]] += by
@@ -98,7 +170,9 @@ class ReplicaMetrics:
         return out
 
 
-def extrapolated_increase(ts: list[float], vs: list[np.ndarray], start: float, end: float) -> np.ndarray | None:
+def extrapolated_increase(
+    ts: list[float], vs: list[np.ndarray], start: float, end: float
+) -> np.ndarray | None:
     """PromQL's increase() over the window (start, end] for one series; None with < 2 samples."""
     if len(ts) < 2:
         return None

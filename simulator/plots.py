@@ -30,8 +30,14 @@ def plot_all(fleet, req: dict, out: Path) -> list[str]:
     ax.set_ylabel("replicas")
     ax2 = ax.twinx()
     rows = [r for r in tl if r["pool"] == fleet.pools[0].spec.name]
-    ax2.plot(np.array([r["time"] for r in rows]) / 60, [r["arrival_rate"] for r in rows], color="grey",
-             alpha=0.5, lw=0.8, label="arrivals/s")
+    ax2.plot(
+        np.array([r["time"] for r in rows]) / 60,
+        [r["arrival_rate"] for r in rows],
+        color="grey",
+        alpha=0.5,
+        lw=0.8,
+        label="arrivals/s",
+    )
     ax2.set_ylabel("arrivals / s")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("Replicas against load")

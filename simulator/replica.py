@@ -17,7 +17,7 @@ import simpy
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from simulator.fastforward import advance_decodes, max_identical_steps
+from simulator.fastforward import advance_decodes, decode_stretch
 from simulator.metrics import LAYOUT, ReplicaMetrics
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
 
@@ -39,7 +39,7 @@ class Replica:
         self.busy_ps = 0  # time spent stepping (utilisation)
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
-        self._ff: tuple | None = None  # the fast-forward in progress: (t0, a, b, c0, seqs, steps, out)
+        self._ff: tuple | None = None  # the stretch in progress: (t0, a, b, c0, num_seqs, steps, seqs)
         self.proc: simpy.Process | None = None
 
     # -- what the router and the metrics see (ReplicaView) ---------------------------------------
@@ -59,10 +59,12 @@ class Replica:
         """KV usage at this instant, counting blocks the running fast-forward has grown into."""
         if self._ff is None:
             return self.bm.usage
-        t0, a, b, c0, seqs, steps, out = self._ff
-        done = steps_reaching(a, b, c0, seqs, self.env.now - t0 + 1) - 1
+        t0, a, b, c0, n, steps, seqs = self._ff
+        started = min(
+            steps, steps_reaching(a, b, c0, n, self.env.now - t0 + 1)
+        )  # blocks grow at a step's start
         bs = self.bm.block_size
-        extra = sum(-(-(s.num_computed_tokens + 1 + done) // bs) - len(s.block_table) for s in out.seqs)
+        extra = sum(max(0, -(-(s.num_computed_tokens + started) // bs) - len(s.block_table)) for s in seqs)
         return min(1.0, self.bm.usage + max(extra, 0) / self.bm.num_blocks)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -121,86 +123,91 @@ class Replica:
                     self.gone_at = env.now
                     self.fleet.on_gone(self)
                     return
-                self._wake = env.event()
-                try:
-                    yield self._wake
-                except simpy.Interrupt:
-                    return  # failed while idle
-                self._wake = None
-                continue
-            t0 = env.now
-            out = sched.schedule(t0)
-            if out.preempted:
-                self.metrics.inc("num_preemptions", len(out.preempted))
-            if not out.seqs:  # nothing fits right now (cannot normally happen): wait for a change
-                self._wake = env.event()
-                try:
-                    yield self._wake
-                except simpy.Interrupt:
+                if not (yield from self._idle()):
                     return
-                self._wake = None
                 continue
-            pt = pc = ds = dc = pseq = 0
-            for seq, n in zip(out.seqs, out.num_new_tokens):
-                c = seq.num_computed_tokens
-                if n == 1 and c >= seq.num_prompt_tokens:
-                    ds += 1
-                    dc += c + 1
-                else:
-                    pt += n
-                    pc += c + n
-                    pseq += 1
-            a, b = self.timer.coeffs(pt, pc, ds, pseq)
-            d0 = a + b * dc
-            extra = 0
-            # a step that preempted skipped admission, so the next one may admit: no stretch after it
-            if self.fast and pt == 0 and not out.preempted and ds == len(sched.running):
-                extra = max_identical_steps(sched, out.seqs)
-            steps = 1
             try:
-                if extra == 0:
-                    yield env.timeout(d0)
-                else:
-                    self._ff = (t0, a, b, dc, ds, extra + 1, out)
-                    try:
-                        yield env.timeout(sum_steps(a, b, dc, ds, extra + 1))
-                        steps = extra + 1
-                    except simpy.Interrupt as intr:
-                        if intr.cause != "arrival":
-                            raise
-                        # the step in progress completes; the new request joins the next one
-                        steps = min(extra + 1, steps_reaching(a, b, dc, ds, env.now - t0))
-                        rest = t0 + sum_steps(a, b, dc, ds, steps) - env.now
-                        if rest > 0:
-                            yield env.timeout(rest)
-                    self._ff = None
+                if self.fast:
+                    steps = decode_stretch(sched)
+                    if steps:
+                        yield from self._stretch(steps)
+                        continue
+                yield from self._step()
             except simpy.Interrupt:
                 return  # failed mid-step: the fleet has taken the requests back
-            t1 = t0 + d0
-            self._account(out, t1, d0, ds)
-            sampled = [
-                SAMPLED_TOKEN if s.num_computed_tokens + n == len(s) else None
-                for s, n in zip(out.seqs, out.num_new_tokens)
-            ]
-            finished = sched.update(out, sampled, t1)
-            self._after_update(out, sampled, finished, t1)
-            if steps > 1:
-                advance_decodes(self.bm, out.seqs, steps - 1, SAMPLED_TOKEN)
-                k = steps - 1
-                # ITL of each later step: a + b*(dc + ds*j) for j = 1..k, for each of the ds sequences
-                self.metrics.observe_arithmetic(
-                    "inter_token_latency_seconds", (a + b * (dc + ds)) / PS, b * ds / PS, k, ds
-                )
-                self.metrics.inc("generation_tokens", ds * k)
-                self.busy_ps += sum_steps(a, b, dc, ds, steps) - d0
             u = self.bm.usage
             if u > self.max_usage:
                 self.max_usage = u
 
-    def _account(self, out, t1: int, d0: int, ds: int) -> None:
-        self.busy_ps += d0
+    def _idle(self):
+        self._wake = self.env.event()
+        try:
+            yield self._wake
+        except simpy.Interrupt:
+            return False  # failed while idle
+        self._wake = None
+        return True
+
+    def _step(self):
+        """One step through the real scheduler."""
+        env, sched = self.env, self.sched
+        t0 = env.now
+        out = sched.schedule(t0)
+        if out.preempted:
+            self.metrics.inc("num_preemptions", len(out.preempted))
+        if not out.seqs:  # nothing fits right now (cannot normally happen): wait for a change
+            yield from self._idle()
+            return
+        pt = pc = ds = dc = pseq = 0
+        sampled = []
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            c = seq.num_computed_tokens
+            if n == 1 and c >= seq.num_prompt_tokens:
+                ds += 1
+                dc += c + 1
+            else:
+                pt += n
+                pc += c + n
+                pseq += 1
+            sampled.append(SAMPLED_TOKEN if c + n == len(seq) else None)
+        a, b = self.timer.coeffs(pt, pc, ds, pseq)
+        d = a + b * dc
+        yield env.timeout(d)
+        t1 = t0 + d
+        self.busy_ps += d
         if ds:
-            self.metrics.observe("inter_token_latency_seconds", d0 / PS, ds)
+            self.metrics.observe("inter_token_latency_seconds", d / PS, ds)
+        finished = sched.update(out, sampled, t1)
+        self._after_update(out, sampled, finished, t1)
+
+    def _stretch(self, steps: int):
+        """`steps` identical decode steps of the whole running batch, advanced in closed form; an
+        arrival cuts the stretch at the end of the step in progress, where the stepwise run would
+        have admitted it."""
+        env = self.env
+        seqs = list(self.sched.running)
+        ds = len(seqs)
+        dc = sum(s.num_computed_tokens for s in seqs) + ds
+        a, b = self.timer.coeffs(0, 0, ds, 0)
+        t0 = env.now
+        self._ff = (t0, a, b, dc, ds, steps, seqs)
+        try:
+            yield env.timeout(sum_steps(a, b, dc, ds, steps))
+        except simpy.Interrupt as intr:
+            if intr.cause != "arrival":
+                raise
+            steps = min(steps, steps_reaching(a, b, dc, ds, env.now - t0))
+            rest = t0 + sum_steps(a, b, dc, ds, steps) - env.now
+            if rest > 0:
+                yield env.timeout(rest)
+        self._ff = None
+        advance_decodes(self.bm, seqs, steps, SAMPLED_TOKEN)
+        # step j lasts a + b*(dc + ds*j): the inter-token time of each of the ds sequences
+        self.metrics.observe_arithmetic(
+            "inter_token_latency_seconds", (a + b * dc) / PS, b * ds / PS, steps, ds
+        )
+        self.metrics.inc("generation_tokens", ds * steps)
+        self.busy_ps += sum_steps(a, b, dc, ds, steps)
 
     def _after_update(self, out, sampled: list, finished: list[Sequence], t1: int) -> None:
         m = self.metrics

@@ -16,10 +16,36 @@ import numpy as np
 from simulator.fleet import STATUS
 from simulator.steptime import PS
 
-REQUEST_COLUMNS = ("id", "arrival", "queue", "first_token", "finish", "prompt_tokens", "output_tokens",
-                   "cached_tokens", "ttft", "tpot", "e2e", "replica", "pool", "preemptions", "retries", "status")
-TIMELINE_COLUMNS = ("time", "pool", "desired", "provisioning", "ready", "draining", "arrival_rate", "waiting",
-                    "running", "kv_usage")
+REQUEST_COLUMNS = (
+    "id",
+    "arrival",
+    "queue",
+    "first_token",
+    "finish",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "ttft",
+    "tpot",
+    "e2e",
+    "replica",
+    "pool",
+    "preemptions",
+    "retries",
+    "status",
+)
+TIMELINE_COLUMNS = (
+    "time",
+    "pool",
+    "desired",
+    "provisioning",
+    "ready",
+    "draining",
+    "arrival_rate",
+    "waiting",
+    "running",
+    "kv_usage",
+)
 
 
 def request_table(fleet) -> dict[str, np.ndarray]:
@@ -35,11 +61,22 @@ def request_table(fleet) -> dict[str, np.ndarray]:
     ok = fleet.req_status == 1
     tpot = np.where(ok & (gen > 1), (finish - first_tok) / np.maximum(gen - 1, 1), np.nan)
     return {
-        "id": np.arange(n), "arrival": arrival, "queue": first_sched - arrival, "first_token": first_tok,
-        "finish": finish, "prompt_tokens": fleet.wl.prompt, "output_tokens": gen, "cached_tokens": fleet.req_cached,
-        "ttft": first_tok - arrival, "tpot": tpot, "e2e": np.where(ok, finish - arrival, np.nan),
-        "replica": fleet.req_replica, "pool": fleet.req_pool, "preemptions": fleet.req_preempt,
-        "retries": fleet.req_retries, "status": fleet.req_status,
+        "id": np.arange(n),
+        "arrival": arrival,
+        "queue": first_sched - arrival,
+        "first_token": first_tok,
+        "finish": finish,
+        "prompt_tokens": fleet.wl.prompt,
+        "output_tokens": gen,
+        "cached_tokens": fleet.req_cached,
+        "ttft": first_tok - arrival,
+        "tpot": tpot,
+        "e2e": np.where(ok, finish - arrival, np.nan),
+        "replica": fleet.req_replica,
+        "pool": fleet.req_pool,
+        "preemptions": fleet.req_preempt,
+        "retries": fleet.req_retries,
+        "status": fleet.req_status,
     }
 
 
@@ -48,8 +85,14 @@ def _pcts(x: np.ndarray) -> dict:
     if len(x) == 0:
         return {"count": 0}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
-    return {"count": int(len(x)), "mean": float(x.mean()), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": float(x.max())}
+    return {
+        "count": int(len(x)),
+        "mean": float(x.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(x.max()),
+    }
 
 
 def slo_metric(req: dict, name: str) -> np.ndarray:
@@ -108,10 +151,13 @@ def summarize(fleet) -> dict:
             vals = slo_metric(req, slo.name)[arrived & ok]
             vals = vals[~np.isnan(vals)]
             value = float(np.percentile(vals, slo.percentile)) if len(vals) else None
-        slos[slo.name] = {"threshold": slo.threshold, "percentile": slo.percentile,
-                          "attainment": float(meets.mean()) if n_arrived else None,
-                          "value_at_percentile": value,
-                          "met": bool(value is not None and value <= slo.threshold)}
+        slos[slo.name] = {
+            "threshold": slo.threshold,
+            "percentile": slo.percentile,
+            "attainment": float(meets.mean()) if n_arrived else None,
+            "value_at_percentile": value,
+            "met": bool(value is not None and value <= slo.threshold),
+        }
     pools = {}
     for pool in fleet.pools:
         rs = fleet.replica_seconds(pool)
@@ -119,7 +165,8 @@ def summarize(fleet) -> dict:
         hits = sum(r.bm.prefix_cache_hits for r in pool.replicas)
         queries = sum(r.bm.prefix_cache_queries for r in pool.replicas)
         pools[pool.spec.name] = {
-            "replica_hours": rs / 3600, "cost": rs / 3600 * pool.spec.cost_per_hour,
+            "replica_hours": rs / 3600,
+            "cost": rs / 3600 * pool.spec.cost_per_hour,
             "utilization": fleet.busy_seconds(pool) / ready_s if ready_s > 0 else None,
             "scale_events": len(pool.scale_events),
             "scale_event_list": [{"time": t, "from": a, "to": b} for t, a, b in pool.scale_events],
@@ -130,15 +177,30 @@ def summarize(fleet) -> dict:
             "preemptions": int(sum(r.sched.num_preemptions for r in pool.replicas)),
         }
     tl = fleet.timeline
-    in_system = float(np.mean([sum(r["waiting"] + r["running"] for r in tl if r["time"] == t)
-                               for t in sorted({r["time"] for r in tl})])) if tl else None
+    in_system = (
+        float(
+            np.mean(
+                [
+                    sum(r["waiting"] + r["running"] for r in tl if r["time"] == t)
+                    for t in sorted({r["time"] for r in tl})
+                ]
+            )
+        )
+        if tl
+        else None
+    )
     e2e = req["e2e"][arrived & ok]
     summary = {
-        "scenario": sc.name, "seed": fleet.seed, "duration": span,
+        "scenario": sc.name,
+        "seed": fleet.seed,
+        "duration": span,
         "simulated_until": fleet.end_time_ps / PS,
-        "requests": {"arrived": n_arrived, "ok": int(ok.sum()),
-                     **{s: int((status[arrived] == i).sum()) for i, s in enumerate(STATUS) if i >= 2},
-                     "retries": int(fleet.req_retries.sum())},
+        "requests": {
+            "arrived": n_arrived,
+            "ok": int(ok.sum()),
+            **{s: int((status[arrived] == i).sum()) for i, s in enumerate(STATUS) if i >= 2},
+            "retries": int(fleet.req_retries.sum()),
+        },
         "slo": slos,
         "slo_attainment_joint": float(joint.mean()) if n_arrived and sc.slos else None,
         "slo_window_attainment": window_attainment(req, sc.slos, arrived),
@@ -150,10 +212,13 @@ def summarize(fleet) -> dict:
         "replica_hours": sum(p["replica_hours"] for p in pools.values()),
         "cost": sum(p["cost"] for p in pools.values()),
         "scale_events": sum(p["scale_events"] for p in pools.values()),
-        "littles_law": {"mean_in_system": in_system,
-                        # over the whole simulated span, as the timeline covers it
-                        "throughput_x_mean_e2e": float(ok.sum()) / (fleet.end_time_ps / PS) * float(e2e.mean())
-                        if len(e2e) else None},
+        "littles_law": {
+            "mean_in_system": in_system,
+            # over the whole simulated span, as the timeline covers it
+            "throughput_x_mean_e2e": float(ok.sum()) / (fleet.end_time_ps / PS) * float(e2e.mean())
+            if len(e2e)
+            else None,
+        },
     }
     return summary
 
@@ -202,34 +267,71 @@ def write_html(summary: dict, images: list[str], path: Path) -> None:
     def row(k, v):
         return f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>slopilot: {html.escape(summary['scenario'])}"
-             "</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:left}img{max-width:100%}</style></head><body>",
-             f"<h1>Simulation report: {html.escape(summary['scenario'])}</h1>", "<h2>Requests</h2><table>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>slopilot: {html.escape(summary['scenario'])}</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:left}img{max-width:100%}</style></head><body>",
+        f"<h1>Simulation report: {html.escape(summary['scenario'])}</h1>",
+        "<h2>Requests</h2><table>",
+    ]
     parts += [row(k, v) for k, v in summary["requests"].items()]
-    parts += ["</table><h2>SLOs</h2><table><tr><th>SLO</th><th>threshold (s)</th><th>percentile</th>"
-              "<th>value at percentile (s)</th><th>met</th><th>request attainment</th></tr>"]
+    parts += [
+        "</table><h2>SLOs</h2><table><tr><th>SLO</th><th>threshold (s)</th><th>percentile</th>"
+        "<th>value at percentile (s)</th><th>met</th><th>request attainment</th></tr>"
+    ]
     for name, s in summary["slo"].items():
-        parts.append(f"<tr><td>{name}</td><td>{s['threshold']}</td><td>{s['percentile']}</td>"
-                     f"<td>{_fmt(s['value_at_percentile'])}</td><td>{s['met']}</td><td>{_fmt(s['attainment'])}</td></tr>")
+        parts.append(
+            f"<tr><td>{name}</td><td>{s['threshold']}</td><td>{s['percentile']}</td>"
+            f"<td>{_fmt(s['value_at_percentile'])}</td><td>{s['met']}</td><td>{_fmt(s['attainment'])}</td></tr>"
+        )
     parts.append("</table><table>")
-    for k in ("slo_attainment_joint", "slo_window_attainment", "goodput_rps", "throughput_rps",
-              "output_tokens_per_s", "replica_hours", "cost", "scale_events"):
+    for k in (
+        "slo_attainment_joint",
+        "slo_window_attainment",
+        "goodput_rps",
+        "throughput_rps",
+        "output_tokens_per_s",
+        "replica_hours",
+        "cost",
+        "scale_events",
+    ):
         parts.append(row(k, summary[k]))
-    parts.append("</table><h2>Latency (s)</h2><table><tr><th></th><th>mean</th><th>p50</th><th>p90</th>"
-                 "<th>p99</th></tr>")
+    parts.append(
+        "</table><h2>Latency (s)</h2><table><tr><th></th><th>mean</th><th>p50</th><th>p90</th>"
+        "<th>p99</th></tr>"
+    )
     for k, v in summary["latency"].items():
-        parts.append(f"<tr><th>{k}</th>" + "".join(f"<td>{_fmt(v.get(c, float('nan')))}</td>"
-                                                   for c in ("mean", "p50", "p90", "p99")) + "</tr>")
-    parts.append("</table><h2>Pools</h2><table><tr><th>pool</th><th>replica-hours</th><th>cost</th>"
-                 "<th>utilization</th><th>scale events</th><th>prefix hit rate</th><th>peak KV</th></tr>")
+        parts.append(
+            f"<tr><th>{k}</th>"
+            + "".join(f"<td>{_fmt(v.get(c, float('nan')))}</td>" for c in ("mean", "p50", "p90", "p99"))
+            + "</tr>"
+        )
+    parts.append(
+        "</table><h2>Pools</h2><table><tr><th>pool</th><th>replica-hours</th><th>cost</th>"
+        "<th>utilization</th><th>scale events</th><th>prefix hit rate</th><th>peak KV</th></tr>"
+    )
     for name, p in summary["pools"].items():
-        parts.append(f"<tr><td>{html.escape(name)}</td>" + "".join(
-            f"<td>{_fmt(p[c])}</td>" for c in ("replica_hours", "cost", "utilization", "scale_events",
-                                               "prefix_cache_hit_rate", "peak_kv_usage")) + "</tr>")
+        parts.append(
+            f"<tr><td>{html.escape(name)}</td>"
+            + "".join(
+                f"<td>{_fmt(p[c])}</td>"
+                for c in (
+                    "replica_hours",
+                    "cost",
+                    "utilization",
+                    "scale_events",
+                    "prefix_cache_hit_rate",
+                    "peak_kv_usage",
+                )
+            )
+            + "</tr>"
+        )
     parts.append("</table>")
     for img in images:
-        parts.append(f"<h2>{html.escape(Path(img).stem.replace('_', ' '))}</h2><img src='{html.escape(img)}'>")
+        parts.append(
+            f"<h2>{html.escape(Path(img).stem.replace('_', ' '))}</h2><img src='{html.escape(img)}'>"
+        )
     parts.append("</body></html>\n")
     path.write_text("\n".join(parts))

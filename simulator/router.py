@@ -28,7 +28,7 @@ def prefix_hashes(token_ids: Sequence[int], block_tokens: int, max_blocks: int =
     out, parent = [], 0
     n = min(len(token_ids) // block_tokens, max_blocks)
     for i in range(n):
-        parent = hash((parent, tuple(token_ids[i * block_tokens:(i + 1) * block_tokens])))
+        parent = hash((parent, tuple(token_ids[i * block_tokens : (i + 1) * block_tokens])))
         out.append(parent)
     return out
 
@@ -83,9 +83,16 @@ SCORERS = {
 
 
 class Router:
-    def __init__(self, policy: str = "least_outstanding", weights: dict[str, float] | None = None,
-                 seed: int = 0, prefix_lru_blocks: int = 100_000, block_tokens: int = 64,
-                 kv_threshold: float = 0.95, queue_threshold: int = 64):
+    def __init__(
+        self,
+        policy: str = "least_outstanding",
+        weights: dict[str, float] | None = None,
+        seed: int = 0,
+        prefix_lru_blocks: int = 100_000,
+        block_tokens: int = 64,
+        kv_threshold: float = 0.95,
+        queue_threshold: int = 64,
+    ):
         self.policy = policy
         self.weights = weights or {}
         self.rng = np.random.default_rng(seed)
@@ -143,8 +150,11 @@ class Router:
         return self._argmin([r.outstanding for r in replicas])
 
     def _weighted_pick(self, replicas: list[ReplicaView], hashes: list[int]) -> int:
-        keep = [i for i, r in enumerate(replicas)
-                if r.kv_usage <= self.kv_threshold and r.num_waiting <= self.queue_threshold]
+        keep = [
+            i
+            for i, r in enumerate(replicas)
+            if r.kv_usage <= self.kv_threshold and r.num_waiting <= self.queue_threshold
+        ]
         cand_idx = keep or list(range(len(replicas)))
         cands = [replicas[i] for i in cand_idx]
         ctx = {"match": lambda r: self.index.match(r.id, hashes) / len(hashes) if hashes else 0.0}

@@ -17,8 +17,15 @@ def build_workload(sc: Scenario, seed: int) -> Workload:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     if "trace" in w:
         t = w["trace"]
-        wl = from_trace(load_trace(t), rng, t.get("rate_scale", 1.0), t.get("time_scale", 1.0),
-                        t.get("start", 0.0), t.get("duration", sc.duration), t.get("limit"))
+        wl = from_trace(
+            load_trace(t),
+            rng,
+            t.get("rate_scale", 1.0),
+            t.get("time_scale", 1.0),
+            t.get("start", 0.0),
+            t.get("duration", sc.duration),
+            t.get("limit"),
+        )
     else:
         a = w["arrivals"]
         curve = RateCurve(**a["curve"], spikes=a["spikes"])
@@ -40,9 +47,16 @@ class SimResult:
     fleet: Fleet
 
 
-def simulate(scenario, out_dir: str | Path | None = None, seed: int | None = None, progress: bool = False,
-             fast: bool = True, models: dict | None = None, plots: bool = True,
-             workload: Workload | None = None) -> SimResult:
+def simulate(
+    scenario,
+    out_dir: str | Path | None = None,
+    seed: int | None = None,
+    progress: bool = False,
+    fast: bool = True,
+    models: dict | None = None,
+    plots: bool = True,
+    workload: Workload | None = None,
+) -> SimResult:
     """Runs a scenario (a Scenario, a path or a dict); writes DIR when given."""
     from simulator.report import summarize, write_outputs
 

@@ -15,8 +15,15 @@ import yaml
 
 from simulator.dists import Dist, parse_dist
 
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_waiting", "kv_aware", "prefix_affinity",
-           "weighted")
+ROUTERS = (
+    "round_robin",
+    "random",
+    "least_outstanding",
+    "least_waiting",
+    "kv_aware",
+    "prefix_affinity",
+    "weighted",
+)
 SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
 
 
@@ -36,13 +43,24 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _num(d: dict, key: str, where: str, default=None, lo: float | None = 0.0, strict: bool = False,
-         integer: bool = False):
+def _num(
+    d: dict,
+    key: str,
+    where: str,
+    default=None,
+    lo: float | None = 0.0,
+    strict: bool = False,
+    integer: bool = False,
+):
     if key not in d or d[key] is None:
         return default
     v = d[key]
     path = _join(where, key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not math.isfinite(v))
+    ):
         raise ValueError(f"{path}: must be a {'integer' if integer else 'number'}, got {v!r}")
     if integer and v != int(v):
         raise ValueError(f"{path}: must be an integer, got {v!r}")
@@ -91,7 +109,7 @@ class PoolSpec:
             return self.kv_blocks
         m = self.kv_memory
         free = m["gpu_memory_gib"] * m["num_gpus"] * m.get("utilization", 0.9) - m["weights_gib"]
-        tokens = free * 2 ** 30 / m["kv_bytes_per_token"]
+        tokens = free * 2**30 / m["kv_bytes_per_token"]
         if tokens < self.block_size:
             raise ValueError(f"pool {self.name}: kv_memory leaves no room for the KV cache")
         return int(tokens // self.block_size)
@@ -141,8 +159,24 @@ def load_scenario(source, base_dir: Path | None = None) -> Scenario:
         except yaml.YAMLError as exc:
             raise ValueError(f"{name}: invalid YAML: {exc}") from None
     base = base_dir or Path(".")
-    d = _check_keys(data, "", {"name", "seed", "duration", "workload", "pools", "router", "autoscaler", "slo",
-                               "metrics", "output", "drain"}, {"workload", "pools"})
+    d = _check_keys(
+        data,
+        "",
+        {
+            "name",
+            "seed",
+            "duration",
+            "workload",
+            "pools",
+            "router",
+            "autoscaler",
+            "slo",
+            "metrics",
+            "output",
+            "drain",
+        },
+        {"workload", "pools"},
+    )
     workload = _workload(d["workload"], "workload", base)
     duration = _num(d, "duration", "", None, strict=True)
     if duration is None and "trace" not in workload:
@@ -162,13 +196,19 @@ def load_scenario(source, base_dir: Path | None = None) -> Scenario:
     if "enabled" in dr and not isinstance(dr["enabled"], bool):
         raise ValueError("drain.enabled: must be true or false")
     return Scenario(
-        workload=workload, pools=pools, duration=duration, router=router, slos=slos,
+        workload=workload,
+        pools=pools,
+        duration=duration,
+        router=router,
+        slos=slos,
         seed=_num(d, "seed", "", 0, integer=True),
         scrape_interval=_num(m, "scrape_interval", "metrics", 15.0, strict=True),
         rate_window=_num(m, "rate_window", "metrics", 60.0, strict=True),
         timeline_interval=_num(o, "timeline_interval", "output", 10.0, strict=True),
-        drain_after_end=dr.get("enabled", True), max_drain=_num(dr, "max", "drain", 3600.0),
-        base_dir=base, name=str(d.get("name", name)),
+        drain_after_end=dr.get("enabled", True),
+        max_drain=_num(dr, "max", "drain", 3600.0),
+        base_dir=base,
+        name=str(d.get("name", name)),
     )
 
 
@@ -178,8 +218,24 @@ def _resolve(path: str, base: Path) -> str:
 
 
 def _trace_cfg(t, where: str, base: Path) -> dict:
-    t = _check_keys(t, where, {"format", "path", "rate_scale", "time_scale", "start", "duration", "limit",
-                               "time_column", "prompt_column", "output_column", "time_unit"}, {"format", "path"})
+    t = _check_keys(
+        t,
+        where,
+        {
+            "format",
+            "path",
+            "rate_scale",
+            "time_scale",
+            "start",
+            "duration",
+            "limit",
+            "time_column",
+            "prompt_column",
+            "output_column",
+            "time_unit",
+        },
+        {"format", "path"},
+    )
     _str(t, "format", where, ("azure", "mooncake", "burstgpt", "csv"))
     _str(t, "path", where)
     for k in ("rate_scale", "time_scale", "time_unit"):
@@ -193,8 +249,19 @@ def _trace_cfg(t, where: str, base: Path) -> dict:
 
 
 def _workload(w, where: str, base: Path) -> dict:
-    w = _check_keys(w, where, {"trace", "arrivals", "prompt_tokens", "output_tokens", "lengths_from",
-                               "max_prompt_tokens", "max_output_tokens"})
+    w = _check_keys(
+        w,
+        where,
+        {
+            "trace",
+            "arrivals",
+            "prompt_tokens",
+            "output_tokens",
+            "lengths_from",
+            "max_prompt_tokens",
+            "max_output_tokens",
+        },
+    )
     out: dict = {}
     if "trace" in w:
         if "arrivals" in w:
@@ -236,8 +303,13 @@ def _arrivals(a, where: str) -> dict:
         amp = _num(dd, "amplitude", dw, 0.5)
         if amp > 1:
             raise ValueError(f"{dw}.amplitude: must be in [0, 1], got {amp}")
-        out["curve"] = {"kind": "diurnal", "mean": _num(dd, "mean", dw, strict=True), "amplitude": amp,
-                        "period": _num(dd, "period", dw, 86400.0, strict=True), "phase": _num(dd, "phase", dw, 0.0)}
+        out["curve"] = {
+            "kind": "diurnal",
+            "mean": _num(dd, "mean", dw, strict=True),
+            "amplitude": amp,
+            "period": _num(dd, "period", dw, 86400.0, strict=True),
+            "phase": _num(dd, "phase", dw, 0.0),
+        }
     else:
         pts = a["piecewise"]
         pw = f"{where}.piecewise"
@@ -262,16 +334,39 @@ def _arrivals(a, where: str) -> dict:
     for i, s in enumerate(spikes):
         sw = f"{where}.spikes[{i}]"
         s = _check_keys(s, sw, {"at", "duration", "factor", "ramp"}, {"at", "duration", "factor"})
-        out["spikes"].append({"at": _num(s, "at", sw), "duration": _num(s, "duration", sw, strict=True),
-                              "factor": _num(s, "factor", sw), "ramp": _num(s, "ramp", sw, 0.0)})
+        out["spikes"].append(
+            {
+                "at": _num(s, "at", sw),
+                "duration": _num(s, "duration", sw, strict=True),
+                "factor": _num(s, "factor", sw),
+                "ramp": _num(s, "ramp", sw, 0.0),
+            }
+        )
     return out
 
 
 def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
-    p = _check_keys(p, where, {"name", "latency_model", "replicas", "max_num_seqs", "max_num_batched_tokens",
-                               "max_model_len", "kv_blocks", "kv_memory", "block_size", "prefix_caching",
-                               "startup_delay", "cost_per_hour", "failure", "autoscaler"},
-                    {"name", "latency_model"})
+    p = _check_keys(
+        p,
+        where,
+        {
+            "name",
+            "latency_model",
+            "replicas",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "kv_blocks",
+            "kv_memory",
+            "block_size",
+            "prefix_caching",
+            "startup_delay",
+            "cost_per_hour",
+            "failure",
+            "autoscaler",
+        },
+        {"name", "latency_model"},
+    )
     name = _str(p, "name", where)
     lm = _str(p, "latency_model", where)
     if "/" in lm or lm.endswith(".json"):
@@ -281,13 +376,19 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
     kv_memory = None
     if "kv_memory" in p:
         kw = f"{where}.kv_memory"
-        km = _check_keys(p["kv_memory"], kw, {"gpu_memory_gib", "num_gpus", "weights_gib", "kv_bytes_per_token",
-                                               "utilization"}, {"gpu_memory_gib", "weights_gib", "kv_bytes_per_token"})
-        kv_memory = {"gpu_memory_gib": _num(km, "gpu_memory_gib", kw, strict=True),
-                     "num_gpus": _num(km, "num_gpus", kw, 1, lo=1, integer=True),
-                     "weights_gib": _num(km, "weights_gib", kw),
-                     "kv_bytes_per_token": _num(km, "kv_bytes_per_token", kw, strict=True),
-                     "utilization": _num(km, "utilization", kw, 0.9, strict=True)}
+        km = _check_keys(
+            p["kv_memory"],
+            kw,
+            {"gpu_memory_gib", "num_gpus", "weights_gib", "kv_bytes_per_token", "utilization"},
+            {"gpu_memory_gib", "weights_gib", "kv_bytes_per_token"},
+        )
+        kv_memory = {
+            "gpu_memory_gib": _num(km, "gpu_memory_gib", kw, strict=True),
+            "num_gpus": _num(km, "num_gpus", kw, 1, lo=1, integer=True),
+            "weights_gib": _num(km, "weights_gib", kw),
+            "kv_bytes_per_token": _num(km, "kv_bytes_per_token", kw, strict=True),
+            "utilization": _num(km, "utilization", kw, 0.9, strict=True),
+        }
         if kv_memory["utilization"] > 1:
             raise ValueError(f"{kw}.utilization: must be in (0, 1]")
     if "prefix_caching" in p and not isinstance(p["prefix_caching"], bool):
@@ -296,14 +397,19 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
     if "failure" in p:
         fw = f"{where}.failure"
         f = _check_keys(p["failure"], fw, {"mtbf", "repair", "on_failure"}, {"mtbf"})
-        failure = FailureSpec(_num(f, "mtbf", fw, strict=True),
-                              parse_dist(f.get("repair", 0.0), f"{fw}.repair"),
-                              _str(f, "on_failure", fw, ("retry", "drop"), "retry"))
+        failure = FailureSpec(
+            _num(f, "mtbf", fw, strict=True),
+            parse_dist(f.get("repair", 0.0), f"{fw}.repair"),
+            _str(f, "on_failure", fw, ("retry", "drop"), "retry"),
+        )
     autoscaler = p.get("autoscaler", default_autoscaler)
     if autoscaler is not None:
-        autoscaler = _autoscaler(autoscaler, f"{where}.autoscaler" if "autoscaler" in p else "autoscaler", base)
+        autoscaler = _autoscaler(
+            autoscaler, f"{where}.autoscaler" if "autoscaler" in p else "autoscaler", base
+        )
     pool = PoolSpec(
-        name=name, latency_model=lm,
+        name=name,
+        latency_model=lm,
         replicas=_num(p, "replicas", where, 1, integer=True),
         max_num_seqs=_num(p, "max_num_seqs", where, 256, lo=1, integer=True),
         max_num_batched_tokens=_num(p, "max_num_batched_tokens", where, 8192, lo=1, integer=True),
@@ -314,7 +420,8 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
         prefix_caching=p.get("prefix_caching", True),
         startup_delay=parse_dist(p.get("startup_delay", 0.0), f"{where}.startup_delay"),
         cost_per_hour=_num(p, "cost_per_hour", where, 0.0),
-        failure=failure, autoscaler=autoscaler,
+        failure=failure,
+        autoscaler=autoscaler,
     )
     if pool.kv_blocks is None and pool.kv_memory is None:
         pool.kv_blocks = 1 + pool.max_model_len // pool.block_size * 8  # room for a few full-length requests
@@ -340,8 +447,11 @@ def _autoscaler(a, where: str, base: Path) -> dict:
             steps.append((_num(r, "at", rw), _num(r, "replicas", rw, integer=True)))
             if len(steps) > 1 and steps[-1][0] < steps[-2][0]:
                 raise ValueError(f"{rw}.at: times must be non-decreasing")
-        return {"kind": "schedule", "steps": steps, "polling_interval": _num(a, "polling_interval", where, 1.0,
-                                                                              strict=True)}
+        return {
+            "kind": "schedule",
+            "steps": steps,
+            "polling_interval": _num(a, "polling_interval", where, 1.0, strict=True),
+        }
     if "spec" in a:
         _check_keys(a, where, {"spec", "latency_model"})
         spec = a["spec"]
@@ -367,15 +477,19 @@ def _router(r, where: str) -> dict:
     policy = _str(r, "policy", where, ROUTERS, "least_outstanding")
     weights = r.get("weights", {})
     from simulator.router import SCORERS
+
     _check_keys(weights, f"{where}.weights", set(SCORERS))
     for k in weights:
         _num(weights, k, f"{where}.weights")
     if policy == "weighted" and not weights:
         weights = {"prefix": 2.0, "kv": 1.0, "queue": 1.0}
-    return {"policy": policy, "weights": {k: float(v) for k, v in weights.items()},
-            "prefix_lru_blocks": _num(r, "prefix_lru_blocks", where, 100_000, lo=1, integer=True),
-            "kv_threshold": _num(r, "kv_threshold", where, 0.95, strict=True),
-            "queue_threshold": _num(r, "queue_threshold", where, 64, lo=0, integer=True)}
+    return {
+        "policy": policy,
+        "weights": {k: float(v) for k, v in weights.items()},
+        "prefix_lru_blocks": _num(r, "prefix_lru_blocks", where, 100_000, lo=1, integer=True),
+        "kv_threshold": _num(r, "kv_threshold", where, 0.95, strict=True),
+        "queue_threshold": _num(r, "queue_threshold", where, 64, lo=0, integer=True),
+    }
 
 
 def _slos(s, where: str) -> list[SLO]:

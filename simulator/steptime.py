@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-PS = 10 ** 12  # picoseconds per second
-PS_PER_MS = 10 ** 9
+PS = 10**12  # picoseconds per second
+PS_PER_MS = 10**9
 
 
 def seconds(t_ps: int | float) -> float:
@@ -31,8 +31,9 @@ class StepTimer:
         self._mixed: dict[tuple[int, int, int, int], tuple[int, int]] = {}
         self._fast = _scalar_form(model)
 
-    def coeffs(self, prefill_tokens: int, prefill_context: int, decode_seqs: int,
-               prefill_seqs: int) -> tuple[int, int]:
+    def coeffs(
+        self, prefill_tokens: int, prefill_context: int, decode_seqs: int, prefill_seqs: int
+    ) -> tuple[int, int]:
         if prefill_tokens == 0:
             c = self._decode.get(decode_seqs)
             if c is None:
@@ -65,8 +66,18 @@ def _scalar_form(model):
     """A plain-float copy of simulator.latency's physical form (numpy per call is ~75 us; this is ~1 us).
     Returns None for a model of another form, which then goes through model.decode_coeffs."""
     q = getattr(model, "params", None)
-    keys = ("overhead_ms", "prefill_fixed_ms", "prefill_seq_ms", "decode_seq_ms", "gemm_floor_ms",
-            "prefill_token_ms", "decode_token_ms", "prefill_attn_ms", "decode_kv_ms", "roof_p")
+    keys = (
+        "overhead_ms",
+        "prefill_fixed_ms",
+        "prefill_seq_ms",
+        "decode_seq_ms",
+        "gemm_floor_ms",
+        "prefill_token_ms",
+        "decode_token_ms",
+        "prefill_attn_ms",
+        "decode_kv_ms",
+        "roof_p",
+    )
     if not isinstance(q, dict) or set(q) != set(keys) or not hasattr(model, "decode_coeffs_array"):
         return None
     ov, pf, ps_, dsq, floor, ptok, dtok, pattn, dkv, p = (float(q[k]) for k in keys)
@@ -125,15 +136,24 @@ class AffineStepModel:
     """A tiny stand-in latency model (for tests and back-of-the-envelope scenarios): a fixed cost per
     step, per prefill token, per decode sequence and per decode context token."""
 
-    def __init__(self, base_ms: float = 10.0, prefill_token_ms: float = 0.05, decode_seq_ms: float = 0.2,
-                 decode_kv_ms: float = 0.0005):
+    def __init__(
+        self,
+        base_ms: float = 10.0,
+        prefill_token_ms: float = 0.05,
+        decode_seq_ms: float = 0.2,
+        decode_kv_ms: float = 0.0005,
+    ):
         self.base_ms, self.prefill_token_ms = base_ms, prefill_token_ms
         self.decode_seq_ms, self.decode_kv_ms = decode_seq_ms, decode_kv_ms
 
-    def decode_coeffs(self, prefill_tokens: int, prefill_context: int, decode_seqs: int) -> tuple[float, float]:
+    def decode_coeffs(
+        self, prefill_tokens: int, prefill_context: int, decode_seqs: int
+    ) -> tuple[float, float]:
         a = self.base_ms + self.prefill_token_ms * prefill_tokens + self.decode_seq_ms * decode_seqs
         return a, self.decode_kv_ms if decode_seqs else 0.0
 
-    def step_ms(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_context: int) -> float:
+    def step_ms(
+        self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_context: int
+    ) -> float:
         a, b = self.decode_coeffs(prefill_tokens, prefill_context, decode_seqs)
         return a + b * decode_context

@@ -11,8 +11,9 @@ MOONCAKE_BLOCK = 512
 _UNIQUE_BASE = 1 << 40  # above every hash-block id range
 
 
-def prompt_token_ids(index: int, length: int, hash_ids: list[int] | None = None,
-                     hash_block: int = MOONCAKE_BLOCK) -> list[int]:
+def prompt_token_ids(
+    index: int, length: int, hash_ids: list[int] | None = None, hash_block: int = MOONCAKE_BLOCK
+) -> list[int]:
     """Token ids for request `index`: shared blocks from hash_ids, then request-unique ids."""
     ids: list[int] = []
     if hash_ids:

@@ -87,11 +87,18 @@ def read_azure(path) -> Trace:
 
 def read_burstgpt(path) -> Trace:
     cols = {"time": "Timestamp", "prompt": "Request tokens", "output": "Response tokens"}
-    return _finish(*_read_csv(Path(path), cols, lambda v, p, n: _float(v, p, n, "Timestamp")), None, str(path))
+    return _finish(
+        *_read_csv(Path(path), cols, lambda v, p, n: _float(v, p, n, "Timestamp")), None, str(path)
+    )
 
 
-def read_generic_csv(path, time_column: str = "time", prompt_column: str = "prompt_tokens",
-                     output_column: str = "output_tokens", time_unit: float = 1.0) -> Trace:
+def read_generic_csv(
+    path,
+    time_column: str = "time",
+    prompt_column: str = "prompt_tokens",
+    output_column: str = "output_tokens",
+    time_unit: float = 1.0,
+) -> Trace:
     """Any CSV with an arrival-time column (seconds x time_unit) and the two length columns."""
     cols = {"time": time_column, "prompt": prompt_column, "output": output_column}
     t, p, o = _read_csv(Path(path), cols, lambda v, f, n: _float(v, f, n, time_column) * time_unit)
@@ -117,7 +124,9 @@ def read_mooncake(path) -> Trace:
             prompt.append(_int(rec["input_length"], path, line_no, "input_length"))
             output.append(_int(rec["output_length"], path, line_no, "output_length"))
             ids = rec.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            if not isinstance(ids, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in ids
+            ):
                 raise ValueError(f"{path}:{line_no}: field 'hash_ids' must be a list of integers")
             hashes.append(ids)
     return _finish(times, prompt, output, hashes, str(path))
@@ -129,8 +138,13 @@ def _finish(times, prompt, output, hashes, source: str) -> Trace:
     t = np.asarray(times, dtype=float)
     order = np.argsort(t, kind="stable")
     t = t[order] - t[order[0]]
-    trace = Trace(t, np.asarray(prompt, dtype=np.int64)[order], np.asarray(output, dtype=np.int64)[order],
-                  [hashes[i] for i in order] if hashes is not None else None, source)
+    trace = Trace(
+        t,
+        np.asarray(prompt, dtype=np.int64)[order],
+        np.asarray(output, dtype=np.int64)[order],
+        [hashes[i] for i in order] if hashes is not None else None,
+        source,
+    )
     return trace
 
 

@@ -31,6 +31,7 @@ class Workload:
 @dataclass
 class RateCurve:
     """Requests per second over time: a base (constant, diurnal or piecewise-linear) times spikes."""
+
     kind: str  # constant | diurnal | piecewise
     rate: float = 0.0
     mean: float = 0.0
@@ -67,8 +68,9 @@ def spike_factor(t: np.ndarray, at: float, duration: float, factor: float, ramp:
     return f + (factor - 1) * w
 
 
-def arrival_times(curve: RateCurve, duration: float, cv: float, rng: np.random.Generator,
-                  dt: float = 0.25) -> np.ndarray:
+def arrival_times(
+    curve: RateCurve, duration: float, cv: float, rng: np.random.Generator, dt: float = 0.25
+) -> np.ndarray:
     """Arrivals in [0, duration): a renewal process of mean gap 1 in operational time Λ(t) = ∫rate."""
     grid = np.arange(0.0, duration + dt, dt)
     rate = curve(grid)
@@ -80,11 +82,11 @@ def arrival_times(curve: RateCurve, duration: float, cv: float, rng: np.random.G
     if cv == 1.0:
         gaps = rng.exponential(1.0, n)
     else:
-        shape = 1.0 / cv ** 2
+        shape = 1.0 / cv**2
         gaps = rng.gamma(shape, 1.0 / shape, n)
     ops = np.cumsum(gaps)
     while ops[-1] < total:  # rare: the draw ran short
-        more = rng.gamma(1.0 / cv ** 2, cv ** 2, n) if cv != 1.0 else rng.exponential(1.0, n)
+        more = rng.gamma(1.0 / cv**2, cv**2, n) if cv != 1.0 else rng.exponential(1.0, n)
         ops = np.concatenate([ops, ops[-1] + np.cumsum(more)])
     ops = ops[ops < total]
     # invert Λ; flat stretches (rate 0) are skipped because cum is non-decreasing
@@ -92,8 +94,15 @@ def arrival_times(curve: RateCurve, duration: float, cv: float, rng: np.random.G
     return times[times < duration]
 
 
-def synthetic(curve: RateCurve, duration: float, cv: float, prompt: Dist | None, output: Dist | None,
-              rng: np.random.Generator, mix: Trace | None = None) -> Workload:
+def synthetic(
+    curve: RateCurve,
+    duration: float,
+    cv: float,
+    prompt: Dist | None,
+    output: Dist | None,
+    rng: np.random.Generator,
+    mix: Trace | None = None,
+) -> Workload:
     """Generated arrivals; lengths from distributions or resampled (as pairs) from a trace's mix."""
     times = arrival_times(curve, duration, cv, rng)
     n = len(times)
@@ -108,8 +117,15 @@ def synthetic(curve: RateCurve, duration: float, cv: float, prompt: Dist | None,
     return Workload(times, np.maximum(p, 1), np.maximum(o, 1), hashes)
 
 
-def from_trace(trace: Trace, rng: np.random.Generator, rate_scale: float = 1.0, time_scale: float = 1.0,
-               start: float = 0.0, duration: float | None = None, limit: int | None = None) -> Workload:
+def from_trace(
+    trace: Trace,
+    rng: np.random.Generator,
+    rate_scale: float = 1.0,
+    time_scale: float = 1.0,
+    start: float = 0.0,
+    duration: float | None = None,
+    limit: int | None = None,
+) -> Workload:
     """Replays a trace: window [start, start+duration) of the compressed, rate-scaled trace."""
     if time_scale != 1.0:
         trace = compress_time(trace, time_scale)

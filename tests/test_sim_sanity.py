@@ -1,0 +1,77 @@
+"""Sanity of the fleet simulator: low-load latencies equal the model's predictions, Little's law,
+every request ends once, KV never over capacity, prefix-affinity beats round-robin on Mooncake."""
+
+import numpy as np
+import pytest
+
+from simulator.fleet import Fleet
+from simulator.report import summarize
+from simulator.run import build_workload, simulate
+from simulator.scenario import load_scenario
+from simulator.steptime import AffineStepModel
+
+MODEL = AffineStepModel(base_ms=12.0, prefill_token_ms=0.04, decode_seq_ms=0.5, decode_kv_ms=0.001)
+
+
+def _sc(rate, duration, replicas=1, prompt=500, output=50, **extra):
+    d = {"duration": duration, "seed": 11,
+         "workload": {"arrivals": {"rate": rate}, "prompt_tokens": prompt, "output_tokens": output},
+         "pools": [{"name": "p", "latency_model": "stub", "replicas": replicas, "kv_blocks": 3000}],
+         "output": {"timeline_interval": 1.0}}
+    d.update(extra)
+    return load_scenario(d)
+
+
+def test_low_load_latency_equals_predicted_steps():
+    sc = _sc(rate=0.05, duration=2000)
+    res = simulate(sc, models={"stub": MODEL}, plots=False)
+    f = res.fleet
+    arrival = f.arrival_ps / 1e12
+    finish = f.req_finish / 1e12
+    alone = [i for i in range(len(arrival))
+             if (i == 0 or finish[i - 1] < arrival[i]) and (i + 1 == len(arrival) or finish[i] < arrival[i + 1])]
+    assert len(alone) > 50
+    prefill = MODEL.step_ms(500, 500, 0, 0) / 1000
+    decode = np.mean([MODEL.step_ms(0, 0, 1, 501 + j) for j in range(49)]) / 1000
+    ttft = (f.req_first_token[alone] - f.arrival_ps[alone]) / 1e12
+    tpot = (f.req_finish[alone] - f.req_first_token[alone]) / 1e12 / 49
+    np.testing.assert_allclose(ttft, prefill, rtol=1e-9)
+    np.testing.assert_allclose(tpot, decode, rtol=1e-9)
+
+
+def test_littles_law_ends_once_and_kv_within_capacity():
+    sc = _sc(rate=3, duration=400, replicas=2, prompt={"dist": "lognormal", "mean": 800, "median": 600, "max": 4000},
+             output={"dist": "lognormal", "mean": 200, "median": 120, "max": 1500})
+    wl = build_workload(sc, 11)
+    fleet = Fleet(sc, wl, models={"stub": MODEL})
+    ends = []
+    orig = fleet.on_finish
+    fleet.on_finish = lambda rep, seq: (ends.append(seq.req_index), orig(rep, seq))
+    fleet.run()
+    s = summarize(fleet)
+    assert sorted(ends) == list(range(len(wl)))  # every request ends, exactly once
+    assert s["requests"]["ok"] == len(wl)
+    ll = s["littles_law"]
+    assert ll["mean_in_system"] == pytest.approx(ll["throughput_x_mean_e2e"], rel=0.02)
+    assert ll["mean_in_system"] > 5  # a loaded system, not a trivial check
+    for pool in fleet.pools:
+        for rep in pool.replicas:
+            assert rep.max_usage <= 1.0
+            assert rep.bm.check_no_leak() == []
+    assert s["pools"]["p"]["peak_kv_usage"] <= 1.0
+
+
+def test_prefix_affinity_beats_round_robin_on_mooncake(shared_data):
+    rates = {}
+    for policy in ("round_robin", "prefix_affinity"):
+        sc = load_scenario({
+            "seed": 5,
+            "workload": {"trace": {"format": "mooncake", "path": str(shared_data / "traces" / "mooncake_conversation.jsonl"),
+                                   "limit": 300}},
+            "pools": [{"name": "p", "latency_model": "stub", "replicas": 4, "kv_blocks": 40000, "max_model_len": 131072}],
+            "router": {"policy": policy},
+        })
+        res = simulate(sc, models={"stub": AffineStepModel(10.0, 0.01, 0.3, 0.0002)}, plots=False)
+        rates[policy] = res.summary["pools"]["p"]["prefix_cache_hit_rate"]
+        assert res.summary["requests"]["ok"] == 300
+    assert rates["prefix_affinity"] > rates["round_robin"] + 0.05, rates
