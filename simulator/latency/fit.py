@@ -1,0 +1,206 @@
+"""Robust fit of LatencyModel to profile rows, hold-out splits and error metrics.
+
+The fit minimises a soft-L1 (Huber-like) loss of log(predicted / measured) with scipy's bounded
+least squares: log residuals weigh every row by its relative error (what MAPE measures) and the
+robust loss caps the pull of outliers (a 3x straggler costs about as much as a 10% miss).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from simulator.latency.model import COEFFS, HINGES, LatencyModel
+from simulator.latency.profile import Profile
+from simulator.latency.where import evaluate_where
+
+LOSS_SCALE = 0.03  # relative error where the loss turns from quadratic to linear
+ROOF_P = 8.0  # a near-sharp roofline knee; a fitted one trades off against the attention term
+HINGE_KNOTS = 3
+
+
+def _knots(values: np.ndarray, count: int) -> list[float]:
+    """Knots spread evenly in log scale strictly inside the range of the positive values."""
+    v = values[values > 0]
+    if len(v) == 0 or v.max() < 4 * v.min():
+        return []
+    lo, hi = np.log(v.min()), np.log(v.max())
+    return [float(np.exp(lo + (hi - lo) * j / (count + 1))) for j in range(1, count + 1)]
+
+
+def _median_per_shape(shape: dict[str, np.ndarray], y: np.ndarray):
+    """Repeated measurements of one step shape -> their median (robust to stragglers; each shape
+    then weighs once however often it was repeated)."""
+    names = sorted(shape)
+    uniq, inv = np.unique(np.stack([shape[k] for k in names], axis=1), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    med = np.array([np.median(y[inv == g]) for g in range(len(uniq))])
+    return {k: uniq[:, i] for i, k in enumerate(names)}, med
+
+
+class _Layout:
+    """Maps the optimiser's vector (parameters of order one, all >= 0) to model parameters."""
+
+    def __init__(self, shape: dict[str, np.ndarray], y: np.ndarray):
+        from simulator.latency.model import prefill_attention_work
+
+        typical = float(np.median(y))
+
+        def unit(v: np.ndarray) -> float:
+            v = v[v > 0]
+            return typical / float(np.median(v)) if len(v) else typical
+
+        attn = prefill_attention_work(shape["prefill_tokens"], shape["prefill_context"],
+                                      shape["prefill_seqs"])
+        units = {"prefill_seq_ms": unit(shape["prefill_seqs"]), "decode_seq_ms": unit(shape["decode_seqs"]),
+                 "prefill_token_ms": unit(shape["prefill_tokens"]), "decode_token_ms": 1.0,
+                 "prefill_attn_ms": unit(attn), "decode_kv_ms": unit(shape["decode_context"])}
+        self.scale = np.array([units.get(k, typical) for k in COEFFS])
+        self.knots = {"prefill_knots": _knots(shape["prefill_tokens"], HINGE_KNOTS),
+                      "decode_knots": _knots(shape["decode_seqs"], HINGE_KNOTS)}
+        self.hinge_scale = {"prefill_knots": unit(shape["prefill_tokens"]),
+                            "decode_knots": unit(shape["decode_seqs"])}
+        self.kv_scale = units["decode_kv_ms"]
+        self.size = len(COEFFS) + sum(len(k) for k in self.knots.values()) + len(self.knots["decode_knots"])
+
+    def params(self, x: np.ndarray) -> dict:
+        q = dict(zip(COEFFS, (x[: len(COEFFS)] * self.scale).tolist()))
+        # a decode token goes through the same linear layers as a prefill token: it costs a
+        # fraction (x in [0, 1]) of one, so the decode roofline cannot outrun the prefill one
+        q["decode_token_ms"] = q["prefill_token_ms"] * min(float(x[COEFFS.index("decode_token_ms")]), 1.0)
+        q["roof_p"] = ROOF_P
+        i = len(COEFFS)
+        for knots, slopes in HINGES:
+            ks = self.knots[knots]
+            q[knots], q[slopes] = ks, (x[i: i + len(ks)] * self.hinge_scale[knots]).tolist()
+            i += len(ks)
+        q["decode_kv_ramp_ms"] = (x[i:] * self.kv_scale).tolist()
+        return q
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = np.zeros(self.size), np.full(self.size, np.inf)
+        lo[COEFFS.index("overhead_ms")] = 1e-6  # keeps every prediction positive (log residuals)
+        hi[COEFFS.index("decode_token_ms")] = 1.0
+        return lo, hi
+
+
+def fit(profile: Profile) -> LatencyModel:
+    """Fit one model to the rows of a single (device, model, dtype, tp) group."""
+    groups = profile.groups()
+    if len(groups) != 1:
+        raise ValueError(f"{profile.source}: rows of {len(groups)} (device, model, dtype, tp) groups "
+                         f"{groups[:4]}; select one (e.g. --select \"tp == 4\")")
+    shape, y = _median_per_shape(profile.step_shape(), profile.num["latency_ms"])
+    layout = _Layout(shape, y)
+    if len(y) < layout.size // 2:
+        raise ValueError(f"{profile.source}: {len(y)} distinct step shapes is too few to fit the model")
+    log_y = np.log(y)
+    key = groups[0]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        pred = LatencyModel(*key, layout.params(x)).step_ms_array(
+            shape["prefill_tokens"], shape["prefill_context"], shape["decode_seqs"],
+            shape["decode_context"], shape["prefill_seqs"])
+        return np.log(np.maximum(pred, 1e-9)) - log_y
+
+    lo, hi = layout.bounds()
+    best = None
+    for start in (0.1, 0.3, 0.02):  # a few starts: the roofline knee makes it mildly non-convex
+        x0 = np.clip(np.full(layout.size, start), lo, hi)
+        r = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=LOSS_SCALE,
+                          x_scale="jac", max_nfev=4000)
+        if best is None or r.cost < best.cost:
+            best = r
+    fit_range = {
+        "phases": sorted(set(profile.text["phase"])),
+        "max_batch_size": int(profile.num["batch_size"].max()),
+        "max_num_tokens": int(profile.num["num_tokens"].max()),
+        "max_context_tokens": int(profile.num["context_tokens"].max()),
+    }
+    return LatencyModel(*key, layout.params(best.x), fit_range=fit_range)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def errors(model: LatencyModel, profile: Profile) -> dict[str, dict[str, float]]:
+    """Per phase (and 'all'): rows, MAPE and p90 of the absolute percentage error."""
+    ape = 100.0 * np.abs(model.predict_profile(profile) / profile.num["latency_ms"] - 1.0)
+    return ape_table(ape, profile.phase)
+
+
+def ape_table(ape: np.ndarray, phase: np.ndarray) -> dict[str, dict[str, float]]:
+    out = {}
+    for name in [*sorted(set(phase.tolist())), "all"]:
+        sel = ape if name == "all" else ape[phase == name]
+        if len(sel):
+            out[name] = {"rows": int(len(sel)), "mape": float(np.mean(sel)),
+                         "p90_ape": float(np.percentile(sel, 90))}
+    return out
+
+
+def format_errors(table: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'phase':<8} {'rows':>5} {'MAPE %':>8} {'p90 APE %':>10}"]
+    for name, e in table.items():
+        lines.append(f"{name:<8} {e['rows']:>5} {e['mape']:>8.2f} {e['p90_ape']:>10.2f}")
+    return "\n".join(lines)
+
+
+# --- splits -------------------------------------------------------------------------------------
+
+def holdout_mask(profile: Profile, where: str | None = None, frac: float = 0.2, seed: int = 0) -> np.ndarray:
+    """True for held-out rows: those matching `where`, else a random `frac` of the rows per phase."""
+    if where:
+        return evaluate_where(where, profile)
+    if not 0 <= frac < 1:
+        raise ValueError(f"--holdout-frac must be in [0, 1), got {frac}")
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(profile), dtype=bool)
+    phase = profile.phase
+    for name in sorted(set(phase.tolist())):  # stratified, so every phase is tested
+        idx = np.flatnonzero(phase == name)
+        k = int(round(frac * len(idx)))
+        mask[rng.choice(idx, size=k, replace=False)] = True
+    return mask
+
+
+def calibrate(profile: Profile, where: str | None = None, frac: float = 0.2, seed: int = 0,
+              refit_all: bool = False) -> tuple[LatencyModel, dict, np.ndarray]:
+    """Fit on the training rows, measure the held-out rows; returns (model, errors, holdout mask).
+
+    With refit_all the returned model is refitted on every row (its provenance keeps the held-out
+    error of the split fit, which is the honest estimate for it)."""
+    mask = holdout_mask(profile, where, frac, seed)
+    train, test = profile.subset(~mask), profile.subset(mask)
+    if len(train) == 0:
+        raise ValueError("the hold-out selects every row: nothing left to train on")
+    model = fit(train)
+    heldout = errors(model, test) if len(test) else {}
+    train_err = errors(model, train)
+    if refit_all and len(test):
+        model = fit(profile)
+    n_train = int((~mask).sum())
+    model.provenance = provenance(profile, where, frac, seed, n_train, heldout, train_err, refit_all)
+    return model, heldout, mask
+
+
+def provenance(profile: Profile, where, frac, seed, n_train, heldout, train_err, refit_all) -> dict:
+    src = Path(profile.source)
+    prov = {
+        "source": src.name,
+        "fit_date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rows": len(profile),
+        "train_rows": n_train if not refit_all else len(profile),
+        "holdout": {"where": where} if where else {"frac": frac, "seed": seed},
+        "refit_on_all_rows": bool(refit_all),
+        "heldout_error_pct": heldout,
+        "train_error_pct": train_err,
+        "fitter": "scipy.optimize.least_squares, soft_l1 on log(pred/measured), "
+                  f"f_scale={LOSS_SCALE}, coefficients >= 0",
+    }
+    if src.is_file():
+        prov["source_sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()
+    return prov

@@ -1,0 +1,226 @@
+"""A calibrated step-latency model for one (device, model, dtype, tp).
+
+The step time is a sum of physically shaped, non-negative terms (all coefficients >= 0, so it is
+monotone in every input and extrapolates linearly in tokens, sequences and context):
+
+    step_ms = overhead                                    launches, all-reduce latency, sampling
+            + prefill_fixed * [any prefill tokens]        the prefill path's extra kernels
+            + prefill_seq * prefill_seqs + decode_seq * decode_seqs     per-sequence bookkeeping
+            + roof(gemm_floor, prefill_token * prefill_tokens + decode_token * decode_seqs)
+            + sum_j prefill_hinge_j * max(0, prefill_tokens - prefill_knot_j)
+            + sum_j decode_hinge_j * max(0, decode_seqs - decode_knot_j)
+            + prefill_attn * sum_i t_i * (ctx_i - t_i / 2)   causal attention of the prefill chunks
+            + (decode_kv + sum_j decode_kv_ramp_j * ramp_j(decode_seqs)) * decode_context
+                                                          KV bytes read by the decodes
+
+roof(F, x) = (F^p + x^p)^(1/p) is a smooth roofline for the linear layers: a step streams the
+weights once (the floor F) until the tokens' compute x dominates. The hinge terms (knots fixed
+inside the profiled range, slopes >= 0) let the marginal cost of a token or a sequence grow as
+the batch outgrows the GPU's sweet spot, as measured; past the last knot every term is linear,
+so extrapolation continues the slope seen at the edge of the data. The cost of a KV token may
+step up with the batch (ramp_j rises from 0 to 1 between decode_knot_j and twice it), as when a
+serving engine switches attention kernels for large batches. The decode
+context enters only through the last, linear term, so for a fixed batch the step time is affine
+in it: step_ms == a + b * decode_context with (a, b) = decode_coeffs(...), which lets the
+simulator advance identical decode steps in closed form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "slopilot-latency-model/1"
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+
+# coefficient names in a fixed order (the fitter's parameter vector); roof_p is the roofline exponent
+COEFFS = (
+    "overhead_ms",
+    "prefill_fixed_ms",
+    "prefill_seq_ms",
+    "decode_seq_ms",
+    "gemm_floor_ms",
+    "prefill_token_ms",
+    "decode_token_ms",
+    "prefill_attn_ms",
+    "decode_kv_ms",
+)
+PARAMS = COEFFS + ("roof_p",)
+HINGES = (("prefill_knots", "prefill_hinge_ms"), ("decode_knots", "decode_hinge_ms"))
+
+
+def hinge(x: np.ndarray, knots: list[float], slopes: list[float]) -> np.ndarray:
+    """sum_j slopes_j * max(0, x - knots_j): convex, monotone, linear beyond the last knot."""
+    out = np.zeros(np.shape(x))
+    for k, h in zip(knots, slopes):
+        out = out + h * np.maximum(np.asarray(x, dtype=float) - k, 0.0)
+    return out
+
+
+def ramps(x: np.ndarray, knots: list[float], heights: list[float]) -> np.ndarray:
+    """sum_j heights_j * clip((x - knots_j) / knots_j, 0, 1): monotone steps, flat beyond 2 * knot."""
+    out = np.zeros(np.shape(x))
+    for k, h in zip(knots, heights):
+        out = out + h * np.clip((np.asarray(x, dtype=float) - k) / k, 0.0, 1.0)
+    return out
+
+
+def roof(floor: np.ndarray | float, x: np.ndarray | float, p: float) -> np.ndarray:
+    """Smooth max of floor and x: (floor^p + x^p)^(1/p), computed without overflow."""
+    floor, x = np.asarray(floor, dtype=float), np.asarray(x, dtype=float)
+    m = np.maximum(floor, x)
+    safe = np.where(m > 0, m, 1.0)
+    return np.where(m > 0, safe * ((floor / safe) ** p + (x / safe) ** p) ** (1.0 / p), 0.0)
+
+
+def prefill_attention_work(prefill_tokens, prefill_context, prefill_seqs) -> np.ndarray:
+    """sum over prefilling sequences of t * (ctx - t/2), from the batch totals, sequences taken equal.
+
+    A fresh prompt of t tokens gives t^2/2, a chunk of t tokens on a long KV about t * ctx.
+    """
+    t = np.asarray(prefill_tokens, dtype=float)
+    ctx = np.maximum(np.asarray(prefill_context, dtype=float), t)
+    seqs = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
+    return t * (ctx - t / 2.0) / seqs
+
+
+class LatencyModel:
+    def __init__(self, device: str, model: str, dtype: str, tp: int, params: dict[str, float],
+                 provenance: dict | None = None, fit_range: dict | None = None):
+        missing = [k for k in PARAMS if k not in params]
+        if missing:
+            raise ValueError(f"latency model {device}/{model}: missing parameter(s) {', '.join(missing)}")
+        bad = [k for k in PARAMS if not np.isfinite(params[k]) or params[k] < 0]
+        if bad or params["roof_p"] < 1:
+            raise ValueError(f"latency model {device}/{model}: parameter(s) {', '.join(bad) or 'roof_p'} "
+                             "out of range (coefficients must be >= 0, roof_p >= 1)")
+        for knots, slopes in HINGES + (("decode_knots", "decode_kv_ramp_ms"),):
+            ks, hs = params.get(knots, []), params.get(slopes, [])
+            if len(ks) != len(hs) or any(not np.isfinite(v) or v < 0 for v in [*ks, *hs]):
+                raise ValueError(f"latency model {device}/{model}: {knots}/{slopes} must be equally long "
+                                 "lists of numbers >= 0")
+        self.device, self.model, self.dtype, self.tp = device, model, dtype, int(tp)
+        self.params = {k: float(params[k]) for k in PARAMS}
+        for knots, slopes in HINGES:
+            self.params[knots] = [float(v) for v in params.get(knots, [])]
+            self.params[slopes] = [float(v) for v in params.get(slopes, [])]
+        self.params["decode_kv_ramp_ms"] = [float(v) for v in params.get("decode_kv_ramp_ms", [])]
+        self.provenance = dict(provenance or {})
+        self.fit_range = dict(fit_range or {})
+
+    def __repr__(self) -> str:
+        return f"LatencyModel({self.device}, {self.model}, {self.dtype}, tp={self.tp})"
+
+    # --- the step-time function -------------------------------------------------------------
+
+    def decode_coeffs_array(self, prefill_tokens, prefill_context, decode_seqs, prefill_seqs=1):
+        """Vectorised decode_coeffs: arrays (a_ms, b_ms)."""
+        q = self.params
+        p_tok = np.asarray(prefill_tokens, dtype=float)
+        d_seq = np.asarray(decode_seqs, dtype=float)
+        p_seq = np.where(p_tok > 0, np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0), 0.0)
+        a = (q["overhead_ms"]
+             + q["prefill_fixed_ms"] * (p_tok > 0)
+             + q["prefill_seq_ms"] * p_seq
+             + q["decode_seq_ms"] * d_seq
+             + roof(q["gemm_floor_ms"], q["prefill_token_ms"] * p_tok + q["decode_token_ms"] * d_seq,
+                    q["roof_p"])
+             + hinge(p_tok, q["prefill_knots"], q["prefill_hinge_ms"])
+             + hinge(d_seq, q["decode_knots"], q["decode_hinge_ms"])
+             + q["prefill_attn_ms"] * prefill_attention_work(p_tok, prefill_context, p_seq))
+        kv = q["decode_kv_ms"] + ramps(d_seq, q["decode_knots"], q["decode_kv_ramp_ms"])
+        b = np.where(d_seq > 0, kv, 0.0)
+        return a, np.broadcast_to(b, np.shape(a)).astype(float)
+
+    def decode_coeffs(self, prefill_tokens: int, prefill_context: int, decode_seqs: int,
+                      prefill_seqs: int = 1) -> tuple[float, float]:
+        """(a_ms, b_ms) with step_ms(prefill_tokens, prefill_context, decode_seqs, ctx) == a + b * ctx."""
+        a, b = self.decode_coeffs_array(prefill_tokens, prefill_context, decode_seqs, prefill_seqs)
+        return float(a), float(b)
+
+    def step_ms(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_context: int,
+                prefill_seqs: int = 1) -> float:
+        """One engine step: prefill_tokens computed for prefill_seqs prefilling sequences whose KV
+        lengths after the step sum to prefill_context, plus decode_seqs single-token decodes whose KV
+        lengths sum to decode_context."""
+        a, b = self.decode_coeffs(prefill_tokens, prefill_context, decode_seqs, prefill_seqs)
+        return a + b * float(decode_context)
+
+    def step_ms_array(self, prefill_tokens, prefill_context, decode_seqs, decode_context,
+                      prefill_seqs=1) -> np.ndarray:
+        a, b = self.decode_coeffs_array(prefill_tokens, prefill_context, decode_seqs, prefill_seqs)
+        return a + b * np.asarray(decode_context, dtype=float)
+
+    def predict_ms_array(self, phase, batch_size, num_tokens, context_tokens, **mixed) -> np.ndarray:
+        """Vectorised predict_ms over profile-CSV columns (mixed rows may pass the split columns
+        prefill_tokens, decode_seqs, prefill_context, prefill_seqs, as in profile.Profile)."""
+        from simulator.latency.profile import Profile
+
+        phase = np.atleast_1d(np.asarray(phase, dtype=str))
+        n = len(phase)
+        num = {"batch_size": batch_size, "num_tokens": num_tokens, "context_tokens": context_tokens, **mixed}
+        num = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in num.items()}
+        bad = sorted(set(phase.tolist()) - {"prefill", "decode", "mixed"})
+        if bad:
+            raise ValueError(f"unknown phase {bad[0]!r} (expected prefill, decode or mixed)")
+        shape = Profile(list(num), {"phase": list(phase)}, num).step_shape()
+        return self.step_ms_array(shape["prefill_tokens"], shape["prefill_context"], shape["decode_seqs"],
+                                  shape["decode_context"], shape["prefill_seqs"])
+
+    def predict_ms(self, phase: str, batch_size: int, num_tokens: int, context_tokens: int,
+                   **mixed) -> float:
+        """Step time for one profile-CSV row (same meaning as its columns)."""
+        return float(self.predict_ms_array([phase], batch_size, num_tokens, context_tokens, **mixed)[0])
+
+    def predict_profile(self, profile) -> np.ndarray:
+        """Predictions for every row of a profile.Profile."""
+        s = profile.step_shape()
+        return self.step_ms_array(s["prefill_tokens"], s["prefill_context"], s["decode_seqs"],
+                                  s["decode_context"], s["prefill_seqs"])
+
+    # --- persistence ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "device": self.device, "model": self.model, "dtype": self.dtype,
+                "tp": self.tp, "form": "see simulator/latency/model.py", "params": self.params,
+                "fit_range": self.fit_range, "provenance": self.provenance}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "<dict>") -> LatencyModel:
+        if d.get("format") != FORMAT:
+            raise ValueError(f"{where}: not a slopilot latency model (format {d.get('format')!r}, "
+                             f"expected {FORMAT!r})")
+        try:
+            return cls(d["device"], d["model"], d["dtype"], d["tp"], d["params"], d.get("provenance"),
+                       d.get("fit_range"))
+        except KeyError as exc:
+            raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> LatencyModel:
+        """Load a model JSON from a path, or a shipped model by name (see list_named())."""
+        p = Path(path)
+        if not p.exists() and (MODELS_DIR / f"{path}.json").exists():
+            p = MODELS_DIR / f"{path}.json"
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc})") from None
+        return cls.from_dict(d, str(p))
+
+    @classmethod
+    def load_named(cls, name: str) -> LatencyModel:
+        path = MODELS_DIR / f"{name}.json"
+        if not path.exists():
+            raise ValueError(f"no shipped latency model {name!r}; shipped: {', '.join(list_named())}")
+        return cls.load(path)
+
+
+def list_named() -> list[str]:
+    """Names of the models shipped in simulator/latency/models/."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
