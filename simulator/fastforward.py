@@ -19,26 +19,30 @@ def _blocks_needed(seqs, bs: int, j: int) -> int:
     return sum(max(0, cdiv(s.num_computed_tokens + j, bs) - len(s.block_table)) for s in seqs)
 
 
-def decode_stretch(sched: Scheduler) -> int:
-    """How many of the next steps are identical decodes of the whole running batch (0: take a real step).
+def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
+    """How many of the next steps are identical decodes of the whole running batch (0: take a real
+    step), and whether the last of them finishes some requests.
 
     True when every running request has only its last sampled token to compute, no waiting request
     can be admitted (the batch is full, or the head of the queue does not fit now, and free blocks only
-    shrink while decoding), and for as long as no request finishes (max_tokens, max_model_len) and
-    every block allocation succeeds.
+    shrink while decoding), up to the first step that finishes a request (max_tokens, max_model_len),
+    and as long as every block allocation succeeds.
     """
     running = sched.running
     if not running or len(running) > sched.max_num_batched_tokens:
-        return 0
-    limit = None
+        return 0, False
+    limit = max_len = sched.max_model_len
     for s in running:
-        if len(s.token_ids) - s.num_computed_tokens != 1:
-            return 0  # a prefill (chunk) is pending
-        left = min(s.sampling_params.max_tokens - s.num_output_tokens, sched.max_model_len - len(s)) - 1
-        if limit is None or left < limit:
+        n = len(s.token_ids)
+        if n - s.num_computed_tokens != 1:
+            return 0, False  # a prefill (chunk) is pending
+        left = s.sampling_params.max_tokens - n + s.num_prompt_tokens
+        if left > max_len - n:
+            left = max_len - n
+        if left < limit:
             limit = left
     if limit <= 0:
-        return 0
+        return 0, False
     bm = sched.bm
     if sched.waiting and len(running) < sched.max_num_seqs:
         budget = sched.max_num_batched_tokens - len(running)
@@ -47,11 +51,11 @@ def decode_stretch(sched: Scheduler) -> int:
             hit_blocks, _ = bm.lookup_prefix(head)
             n = min(len(head) - len(hit_blocks) * bm.block_size, budget)
             if bm.can_admit(head, hit_blocks, n):
-                return 0
+                return 0, False
     free = bm.num_free_blocks
     bs = bm.block_size
     if _blocks_needed(running, bs, limit) <= free:
-        return limit
+        return limit, True
     lo, hi = 0, limit  # need(lo) <= free < need(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -59,7 +63,7 @@ def decode_stretch(sched: Scheduler) -> int:
             lo = mid
         else:
             hi = mid
-    return lo
+    return lo, False
 
 
 def advance_decodes(bm: BlockManager, seqs: list[Sequence], k: int, token: int) -> None:

@@ -150,14 +150,18 @@ class ReplicaMetrics:
             self.observe(hist, first, n * weight)
             return
         start, s, buckets = self._hist[hist]
+        v = self.v
+        # only the buckets between the first and the last value get counts
+        k = bisect.bisect_left(buckets, first)
+        last_k = bisect.bisect_left(buckets, first + step * (n - 1))
         done = 0
-        for k, le in enumerate(buckets):
-            upto = min(n, max(0, math.floor((le - first) / step) + 1))  # j with first + step*j <= le
+        while k < last_k:
+            upto = min(n, max(0, math.floor((buckets[k] - first) / step) + 1))  # j: first + step*j <= le
             if upto > done:
-                self.v[start + k] += (upto - done) * weight
+                v[start + k] += (upto - done) * weight
                 done = upto
-        if done < n:
-            self.v[start + len(buckets)] += (n - done) * weight
+            k += 1
+        v[start + last_k] += (n - done) * weight
         self.v[s] += weight * (n * first + step * n * (n - 1) / 2)
         self.v[s + 1] += n * weight
 

@@ -128,9 +128,9 @@ class Replica:
                 continue
             try:
                 if self.fast:
-                    steps = decode_stretch(sched)
+                    steps, finishes = decode_stretch(sched)
                     if steps:
-                        yield from self._stretch(steps)
+                        yield from self._stretch(steps, finishes)
                         continue
                 yield from self._step()
             except simpy.Interrupt:
@@ -180,10 +180,10 @@ class Replica:
         finished = sched.update(out, sampled, t1)
         self._after_update(out, sampled, finished, t1)
 
-    def _stretch(self, steps: int):
-        """`steps` identical decode steps of the whole running batch, advanced in closed form; an
-        arrival cuts the stretch at the end of the step in progress, where the stepwise run would
-        have admitted it."""
+    def _stretch(self, steps: int, finishes: bool):
+        """`steps` identical decode steps of the whole running batch, advanced in closed form; the
+        last one finishes some requests when `finishes`. An arrival cuts the stretch at the end of
+        the step in progress, where the stepwise run would have admitted it."""
         env = self.env
         seqs = list(self.sched.running)
         ds = len(seqs)
@@ -196,7 +196,9 @@ class Replica:
         except simpy.Interrupt as intr:
             if intr.cause != "arrival":
                 raise
-            steps = min(steps, steps_reaching(a, b, dc, ds, env.now - t0))
+            reached = steps_reaching(a, b, dc, ds, env.now - t0)
+            if reached < steps:
+                steps, finishes = reached, False
             rest = t0 + sum_steps(a, b, dc, ds, steps) - env.now
             if rest > 0:
                 yield env.timeout(rest)
@@ -208,6 +210,16 @@ class Replica:
         )
         self.metrics.inc("generation_tokens", ds * steps)
         self.busy_ps += sum_steps(a, b, dc, ds, steps)
+        if finishes:
+            # what update() does for a request whose last token this step sampled
+            t1 = t0 + sum_steps(a, b, dc, ds, steps)
+            sched, max_len = self.sched, self.sched.max_model_len
+            done = [
+                s for s in seqs if s.num_output_tokens >= s.sampling_params.max_tokens or len(s) >= max_len
+            ]
+            for s in done:
+                sched.finish(s, "length", t1)
+            self._finished(done)
 
     def _after_update(self, out, sampled: list, finished: list[Sequence], t1: int) -> None:
         m = self.metrics
@@ -222,6 +234,10 @@ class Replica:
                     )
                     m.inc("prompt_tokens", seq.num_prompt_tokens)
         m.inc("generation_tokens", gen)
+        self._finished(finished)
+
+    def _finished(self, finished: list[Sequence]) -> None:
+        m = self.metrics
         for seq in finished:
             self.outstanding -= 1
             e2e = (seq.finish_time - seq.fleet_arrival) / PS

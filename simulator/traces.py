@@ -57,7 +57,7 @@ def _azure_time(value: str, path, line: int) -> float:
     # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime parses
     try:
         base, _, frac = value.strip().partition(".")
-        t = datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp()
+        t = datetime.fromisoformat(base).timestamp()
         return t + (float("0." + frac) if frac else 0.0)
     except ValueError:
         raise ValueError(f"{path}:{line}: column 'TIMESTAMP': bad timestamp {value!r}") from None
