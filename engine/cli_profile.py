@@ -1,0 +1,176 @@
+"""`slopilot profile`: measured engine-step latencies over a grid of step shapes, as a profile CSV."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+HELP = "time whole engine steps (prefill, decode, mixed) and write a profile CSV + metadata JSON"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="preset name or a model directory (default: tiny)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu), "
+                        "float32, float16 or bfloat16")
+    parser.add_argument("--out", default="profile.csv", help="CSV path; the metadata goes beside it (.json)")
+    parser.add_argument("--quick", action="store_true", help="a small grid (tiny on CPU: seconds)")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="largest decode batch (default 256 on cuda, 64 on cpu; 16 with --quick)")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--attention-backend", default="auto", help="auto, torch, triton or cuda")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per shape (default 5, 3 quick)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per shape before timing")
+    parser.add_argument("--prefill-chunks", default=None, help="comma list overriding the grid's chunks")
+    parser.add_argument("--cached-contexts", default=None, help="comma list of cached tokens under a chunk")
+    parser.add_argument("--decode-contexts", default=None, help="comma list of decode KV lengths")
+    parser.add_argument("--device-name", default=None, help="value of the CSV's device column")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice); 1 is steadiest on a busy machine")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"{flag}: {text!r} needs non-negative integers")
+    return values
+
+
+def device_slug(device: str) -> str:
+    import torch
+
+    if device != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name().lower().replace("nvidia", "").strip()
+    return "-".join(name.split())
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def metadata(runner, args, rows: int, started: float, load_before: tuple) -> dict:
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = runner.device.type == "cuda"
+    return {
+        "device": torch.cuda.get_device_name() if cuda else _cpu_model(),
+        "device_column": args.device_name,
+        "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "model": args.model, "model_config": asdict(runner.config), "dtype": str(runner.dtype).split(".")[-1],
+        "engine": {"attention_backend": runner.backend.name, "block_size": runner.block_size,
+                   "num_kv_blocks": runner.num_kv_blocks, "max_num_seqs": args.max_num_seqs,
+                   "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
+                   "timing": "CUDA events" if cuda else "time.perf_counter", "statistic": "median"},
+        "git_commit": _git_commit(),
+        "conditions": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                       "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
+                       "seconds": round(time.time() - started, 1)},
+        "rows": rows,
+        "argv": sys.argv,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.model import resolve_config
+    from engine.model_runner import ModelRunner, resolve_dtype
+    from engine.profiler import CSV_COLUMNS, build_step, default_grid, profile_rows, time_step
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available to this torch")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    started, load_before = time.time(), os.getloadavg()
+    if args.max_num_seqs is None:
+        args.max_num_seqs = 16 if args.quick else (256 if args.device == "cuda" else 64)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.max_num_seqs < 1 or args.repeats < 1 or args.block_size < 1:
+        raise ValueError("--max-num-seqs, --repeats and --block-size must be >= 1")
+    grid = default_grid(args.max_num_seqs, args.quick)
+    if args.prefill_chunks:
+        grid = replace(grid, prefill_chunks=_ints(args.prefill_chunks, "--prefill-chunks"))
+    if args.cached_contexts:
+        grid = replace(grid, cached_contexts=_ints(args.cached_contexts, "--cached-contexts"))
+    if args.decode_contexts:
+        grid = replace(grid, decode_contexts=_ints(args.decode_contexts, "--decode-contexts"))
+
+    config = resolve_config(args.model)
+    shapes = grid.shapes(config.max_position_embeddings)
+    if not shapes:
+        raise ValueError(f"no step shape of the grid fits {args.model}'s {config.max_position_embeddings} "
+                         "positions")
+    bs = args.block_size
+    blocks_needed = max(sum(-(-n // bs) for n in [s.prefill_context] + [s.decode_len] * s.decode_seqs)
+                        for s in shapes)
+    runner = ModelRunner(args.model, num_kv_blocks=blocks_needed + 1, block_size=bs, device=args.device,
+                         dtype=resolve_dtype(args.dtype, torch.device(args.device)),
+                         attention_backend=args.attention_backend, seed=args.seed)
+    args.device_name = args.device_name or device_slug(args.device)
+    dtype = str(runner.dtype).split(".")[-1]
+
+    # warm-up: allocator, kernel compilation and caches, on a medium prefill and a decode batch
+    import random
+
+    pool = list(range(runner.num_kv_blocks))
+    for shape in sorted(shapes, key=lambda s: s.num_tokens)[len(shapes) // 2:][:2]:
+        seqs, news = build_step(shape, pool, bs, runner.config.vocab_size, random.Random(args.seed))
+        time_step(runner, seqs, news, repeats=1, warmup=2)
+
+    columns = [TextColumn("[bold]profile {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()]
+    with Progress(*columns) as bar:
+        task = bar.add_task(f"{args.model} {args.device} {dtype}", total=len(shapes))
+        rows = profile_rows(runner, shapes, device_name=args.device_name, model_name=config.name, dtype=dtype,
+                            repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                            progress=lambda _shape: bar.advance(task))
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = metadata(runner, args, len(rows), started, load_before)
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {len(rows)} rows to {out} (metadata: {out.with_suffix('.json')})")
+    return 0

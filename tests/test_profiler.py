@@ -1,0 +1,85 @@
+"""`slopilot profile --quick` on tiny: the CSV contract, the metadata, and trends that must hold."""
+
+import csv
+import json
+import random
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from engine.profiler import CSV_COLUMNS, StepShape, build_step, default_grid, powers_of_two
+
+REQUIRED = ["device", "model", "dtype", "tp", "phase", "batch_size", "num_tokens", "context_tokens",
+            "latency_ms"]
+
+
+@pytest.mark.parametrize("shape,phase,batch,tokens,context", [
+    (StepShape(prefill_tokens=64), "prefill", 1, 64, 64),
+    (StepShape(prefill_tokens=64, cached_tokens=100), "prefill", 1, 64, 164),
+    (StepShape(decode_seqs=8, decode_len=50), "decode", 8, 8, 400),
+    (StepShape(prefill_tokens=16, cached_tokens=10, decode_seqs=3, decode_len=20), "mixed", 4, 19, 86),
+])
+def test_step_shape_columns(shape, phase, batch, tokens, context):
+    assert (shape.phase, shape.batch_size, shape.num_tokens, shape.context_tokens) == (phase, batch, tokens,
+                                                                                       context)
+
+
+def test_build_step_puts_sequences_just_before_the_step():
+    shape = StepShape(prefill_tokens=20, cached_tokens=13, decode_seqs=2, decode_len=17)
+    seqs, news = build_step(shape, list(range(100, 110)), 16, 50, random.Random(0))
+    assert news == [20, 1, 1]
+    assert [len(s) for s in seqs] == [33, 17, 17]
+    assert [s.num_computed_tokens for s in seqs] == [13, 16, 16]
+    assert [s.block_table for s in seqs] == [[100, 101, 102], [103, 104], [105, 106]]
+    with pytest.raises(ValueError, match="needs 7 KV blocks"):
+        build_step(shape, list(range(6)), 16, 50, random.Random(0))
+
+
+def test_grids():
+    assert powers_of_two(1, 48) == [1, 2, 4, 8, 16, 32, 48]
+    full = default_grid(256, quick=False)
+    assert full.prefill_chunks[0] == 16 and full.prefill_chunks[-1] == 8192 and 0 in full.cached_contexts
+    assert full.decode_batches[0] == 1 and full.decode_batches[-1] == 256
+    shapes = full.shapes(max_model_len=2048)
+    assert shapes and all(s.longest <= 2048 for s in shapes)
+    assert {s.phase for s in shapes} == {"prefill", "decode", "mixed"}
+
+
+def test_quick_profile_of_tiny(tmp_path):
+    out = tmp_path / "tiny.csv"
+    cmd = [sys.executable, "-m", "slopilot.cli", "profile", "--model", "tiny", "--device", "cpu", "--quick",
+           "--threads", "1", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with out.open() as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == CSV_COLUMNS and reader.fieldnames[:9] == REQUIRED
+        rows = list(reader)
+    assert {r["phase"] for r in rows} == {"prefill", "decode", "mixed"}
+    assert all(r["device"] == "cpu" and r["model"] == "tiny" and r["dtype"] == "float32" and r["tp"] == "1"
+               for r in rows)
+    for r in rows:
+        n, ctx, ms = int(r["num_tokens"]), int(r["context_tokens"]), float(r["latency_ms"])
+        assert 0.05 < ms < 5000, r  # milliseconds, not seconds or microseconds
+        assert float(r["latency_min_ms"]) <= ms <= float(r["latency_max_ms"])
+        assert n == int(r["prefill_tokens"]) + int(r["decode_seqs"])
+        assert ctx == int(r["prefill_context"]) + int(r["decode_context"]) >= n
+    # more tokens in the same kind of step is never much cheaper (a factor 2 absorbs a busy machine)
+    series = defaultdict(list)
+    for r in rows:
+        # prefill/mixed: same cached context (and decodes); decode: same KV length per sequence
+        key = (r["phase"], r["cached_tokens"], r["decode_seqs"]) if r["phase"] != "decode" else \
+            ("decode", int(r["decode_context"]) // int(r["decode_seqs"]))
+        series[key].append((int(r["num_tokens"]), float(r["latency_ms"])))
+    for key, points in series.items():
+        points.sort()
+        for i in range(1, len(points)):
+            assert points[i][1] > 0.5 * max(ms for _, ms in points[:i]), (key, points)
+    fresh = series[("prefill", "0", "0")]
+    assert fresh[-1][1] > fresh[0][1]  # 256 tokens cost more than 16
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["model_config"]["name"] == "tiny" and meta["dtype"] == "float32" and meta["rows"] == len(rows)
+    assert meta["torch"] and "triton" in meta and meta["engine"]["attention_backend"] == "torch"
+    assert meta["conditions"]["torch_threads"] == 1 and "git_commit" in meta
