@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "engine.cli_serve",
     "calibrate": "simulator.cli_calibrate",
     "predict": "simulator.cli_predict",
+    "convert": "simulator.cli_convert",
     "simulate": "simulator.cli_simulate",
     "replay": "autoscaler.cli_replay",
     "export": "autoscaler.cli_export",

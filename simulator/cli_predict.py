@@ -1,0 +1,47 @@
+"""`slopilot predict MODEL.json ROWS.csv [-o OUT.csv]`: add predicted_ms to profile-format rows."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "predict step latency for profile-format rows (adds predicted_ms; with latency_ms, prints the error)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model JSON, or the name of a shipped model (e.g. h100-llama2-70b-tp4)")
+    p.add_argument("rows", type=Path, help="CSV in the profile format; latency_ms may be absent")
+    p.add_argument("-o", "--output", type=Path, help="CSV to write (default: stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import csv
+
+    import numpy as np
+
+    from simulator.latency.fit import ape_table, format_errors
+    from simulator.latency.model import LatencyModel
+    from simulator.latency.profile import read_profile
+
+    model = LatencyModel.load(args.model)
+    prof = read_profile(args.rows, require_latency=False)
+    pred = model.predict_profile(prof)
+    columns = [c for c in prof.columns if c != "predicted_ms"] + ["predicted_ms"]
+    out = open(args.output, "w", newline="") if args.output else sys.stdout
+    try:
+        w = csv.writer(out)
+        w.writerow(columns)
+        for i in range(len(prof)):
+            w.writerow([prof.text[c][i] for c in columns[:-1]] + [f"{pred[i]:.4f}"])
+    finally:
+        if args.output:
+            out.close()
+    report = sys.stdout if args.output else sys.stderr
+    if prof.has_latency:
+        ape = 100 * np.abs(pred / prof.num["latency_ms"] - 1)
+        print(f"error of {model} on {args.rows}:", file=report)
+        print(format_errors(ape_table(ape, prof.phase)), file=report)
+    if args.output:
+        print(f"wrote {args.output} ({len(prof)} rows)", file=report)
+    return 0
