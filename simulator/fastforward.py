@@ -71,6 +71,14 @@ def advance_decodes(bm: BlockManager, seqs: list[Sequence], k: int, token: int) 
     scheduler would: each step allocates the blocks the sequences grow into (in batch order),
     computes one token per sequence, registers newly full blocks and appends the sampled token."""
     bs = bm.block_size
+    if not bm.enable_prefix_caching:
+        # without a prefix cache a block's identity is never observed: grow each table at once
+        for s in seqs:
+            s.token_ids.extend([token] * k)
+            if cdiv(s.num_computed_tokens + k, bs) > len(s.block_table) and not bm.append_slots(s, k):
+                raise RuntimeError("fast path: a block allocation failed that decode_stretch allowed")
+            s.num_computed_tokens += k
+        return
     base = [s.num_computed_tokens for s in seqs]
     events = []  # (step, phase, order): phase 0 = allocate before the step, 1 = cache after it
     for i, (s, c) in enumerate(zip(seqs, base)):

@@ -77,3 +77,11 @@ def test_step_timer_matches_model():
     t = StepTimer(m)
     for shape in ((0, 0, 4, 4000), (512, 512, 0, 0), (100, 900, 3, 1200)):
         assert t.step_ps(*shape) == pytest.approx(m.step_ms(*shape) * 1e9, abs=2)
+
+
+def test_fast_path_equals_stepping_without_prefix_caching():
+    sc = _scenario(prefix_caching=False, kv_blocks=500)
+    wl = build_workload(sc, 3)
+    fast, slow = _run(sc, wl, True), _run(sc, wl, False)
+    _assert_same(fast, slow)
+    assert fast.req_preempt.sum() > 0
