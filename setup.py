@@ -11,12 +11,32 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as exc:  # no compiler or headers: the pure-Python allocator is used
             print(f"warning: native extension not built ({exc})", file=sys.stderr)
+        build_paged_attention("." if self.inplace else self.build_lib)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
             print(f"warning: {ext.name} not built ({exc})", file=sys.stderr)
+
+
+def build_paged_attention(root: str) -> None:
+    """The CUDA decode kernel (csrc/paged_attention.cu), only where nvcc and a CUDA torch with a GPU are."""
+    try:
+        import shutil
+
+        import torch
+
+        if not (shutil.which("nvcc") and torch.version.cuda and torch.cuda.is_available()):
+            return
+        from pathlib import Path
+
+        from engine.attention.cuda_backend import build_library
+
+        major, minor = torch.cuda.get_device_capability()
+        print(f"built {build_library(f'{major}{minor}', out_dir=Path(root) / 'engine')}")
+    except Exception as exc:  # the backend builds it on first use instead
+        print(f"warning: CUDA paged attention not prebuilt ({exc})", file=sys.stderr)
 
 
 def extensions():

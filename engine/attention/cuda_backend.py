@@ -1,7 +1,7 @@
 """attention_backend="cuda": the paged decode kernel of csrc/paged_attention.cu, called through ctypes.
 
 The .cu file needs nvcc only (no torch headers). It is built on first use for the GPU's architecture and
-cached by source hash; a library prebuilt by setup.py (engine/_paged_attention.so) is used when present.
+cached by source hash and arch; one that setup.py prebuilt into engine/ for this source is used first.
 Steps with prefill chunks go to the Triton varlen kernel: the CUDA kernel covers decode only.
 """
 
@@ -20,7 +20,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import write_kv_ref
 
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "paged_attention.cu"
-PREBUILT = Path(__file__).resolve().parents[1] / "_paged_attention.so"
+PREBUILT_DIR = Path(__file__).resolve().parents[1]  # engine/, where setup.py puts its build
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 HEAD_DIMS = (64, 128, 256)
 
@@ -39,12 +39,16 @@ def nvcc_command(source: Path, output: Path, arch: str, shared: bool = True) -> 
     return cmd + [str(source)]
 
 
+def library_name(arch: str, source: Path = SOURCE) -> str:
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    return f"_paged_attention_{digest}_sm{arch}.so"
+
+
 def build_library(arch: str, out_dir: Path | None = None, source: Path = SOURCE) -> Path:
     """Compile the kernel into a shared library (cached by source hash and arch); returns its path."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    output = out_dir / f"paged_attention_{digest}_sm{arch}.so"
+    output = out_dir / library_name(arch, source)
     if not output.exists():
         tmp = output.with_suffix(f".{os.getpid()}.tmp")
         result = subprocess.run(nvcc_command(source, tmp, arch), capture_output=True, text=True)
@@ -69,11 +73,10 @@ def get_library() -> ctypes.CDLL:
     """The kernel library for the current GPU, built on first call."""
     global _lib
     if _lib is None:
-        if PREBUILT.exists():
-            _lib = load_library(PREBUILT)
-        else:
-            major, minor = torch.cuda.get_device_capability()
-            _lib = load_library(build_library(f"{major}{minor}"))
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}{minor}"
+        prebuilt = PREBUILT_DIR / library_name(arch)
+        _lib = load_library(prebuilt if prebuilt.exists() else build_library(arch))
     return _lib
 
 
