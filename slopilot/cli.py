@@ -38,7 +38,8 @@ def _available() -> dict[str, str]:
 
 
 def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slopilot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="slopilot", description="slopilot: autoscaling control plane and SLO simulator for LLM inference fleets")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in modules.items():
         module = importlib.import_module(module_name)

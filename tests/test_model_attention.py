@@ -59,12 +59,15 @@ def make_batch(seq_lens, query_lens, block_size=4, heads=4, kv_heads=2, head_dim
     ([9], [1]),  # one decode
     ([7, 13, 1, 16], [7, 1, 1, 5]),  # prefill + decodes + a chunked prefill continuation
     ([4, 8, 12], [4, 8, 3]),  # exact block boundaries
+    ([3, 17, 9, 30], [1, 1, 1, 1]),  # decodes of very different lengths (padded batch)
 ])
 def test_paged_ref_matches_dense(seq_lens, query_lens):
     q, k_cache, v_cache, meta, k_full, v_full = make_batch(seq_lens, query_lens)
     scale = 8 ** -0.5
     out = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     assert out.shape == q.shape
+    batched = get_backend("torch", "cpu").forward(q, k_cache, v_cache, meta, scale)
+    torch.testing.assert_close(batched, out, rtol=1e-5, atol=1e-5)
     start = 0
     for n, ql, kf, vf in zip(seq_lens, query_lens, k_full, v_full):
         want = dense_attention(q[start:start + ql], kf, vf, scale)

@@ -51,7 +51,42 @@ def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return out
 
 
+def batched_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Single-token queries of many sequences [S, heads, d] in one padded, masked SDPA call."""
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_len = int(seq_lens.max())
+    num_blocks = (max_len + block_size - 1) // block_size
+    blocks = block_tables[:, :num_blocks].long()
+    length = num_blocks * block_size
+    k = k_cache[blocks].view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[blocks].view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+    mask = torch.arange(length, device=query.device)[None, :] < seq_lens[:, None].long()  # True = attend
+    pad = ~mask[:, None, :, None]  # padding slots may hold anything, even NaN
+    k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+    q = query.unsqueeze(2)  # [S, heads, 1, d]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=scale,
+                                         enable_gqa=num_heads != num_kv_heads)
+    return out.squeeze(2)
+
+
+def prefill_one(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence's chunk [q_len, heads, d], causal, over its cached prefix and itself."""
+    q_len, num_heads = query.shape[0], query.shape[1]
+    k = gather_kv(k_cache, block_table, seq_len).transpose(0, 1)  # [kv_heads, seq_len, d]
+    v = gather_kv(v_cache, block_table, seq_len).transpose(0, 1)
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
+    mask = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(query.transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=num_heads != k.shape[0])
+    return out.transpose(0, 1)
+
+
 class TorchBackend:
+    """The reference's semantics, batched: all decodes in one call, then each prefill chunk."""
+
     name = "torch"
 
     def __init__(self, device: torch.device | str = "cpu"):
@@ -63,4 +98,17 @@ class TorchBackend:
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        return paged_attention_ref(query, k_cache, v_cache, meta, scale)
+        starts = meta.query_start_loc.tolist()
+        decodes = [s for s, q_len in enumerate(meta.query_lens_list) if q_len == 1]
+        out = torch.empty_like(query)
+        if decodes:
+            rows = torch.tensor([starts[s] for s in decodes], device=query.device)
+            idx = torch.tensor(decodes, device=query.device)
+            out[rows] = batched_decode(query[rows], k_cache, v_cache, meta.block_tables[idx],
+                                       meta.seq_lens[idx], scale).to(query.dtype)
+        for s, q_len in enumerate(meta.query_lens_list):
+            if q_len > 1:
+                a = starts[s]
+                out[a:a + q_len] = prefill_one(query[a:a + q_len], k_cache, v_cache, meta.block_tables[s],
+                                               meta.seq_lens_list[s], scale).to(query.dtype)
+        return out
