@@ -93,7 +93,8 @@ def main() -> None:
     prompts = [[rng.randrange(3, MODEL["vocab_size"]) for _ in range(p)] for p, _ in mix]
     outs = [o for _, o in mix]
     print(f"{len(mix)} requests: prompt mean {statistics.mean(p for p, _ in mix):.0f}, "
-          f"output mean {statistics.mean(outs):.0f} (max {max(outs)}) tokens; threads {torch.get_num_threads()}")
+          f"output mean {statistics.mean(outs):.0f} (max {max(outs)}) tokens; "
+          f"threads {torch.get_num_threads()}")
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)

@@ -53,5 +53,6 @@ def run(args: argparse.Namespace) -> int:
     ttft = sorted(o.metrics.ttft for o in outputs)
     print(f"\n{len(outputs)} requests, {n_in} prompt + {n_out} generated tokens in {elapsed:.2f} s: "
           f"{n_out / elapsed:.1f} output tokens/s, {(n_in + n_out) / elapsed:.1f} total tokens/s, "
-          f"median TTFT {ttft[len(ttft) // 2] * 1000:.0f} ms, preemptions {llm.engine.scheduler.num_preemptions}")
+          f"median TTFT {ttft[len(ttft) // 2] * 1000:.0f} ms, "
+          f"preemptions {llm.engine.scheduler.num_preemptions}")
     return 0

@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 import sys
 
+DESCRIPTION = "slopilot: autoscaling control plane and SLO simulator for LLM inference fleets"
+
 # name -> module implementing it; a module that is not present is simply not listed.
 SUBCOMMANDS: dict[str, str] = {
     "demo": "slopilot.demo",
@@ -38,8 +40,7 @@ def _available() -> dict[str, str]:
 
 
 def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="slopilot", description="slopilot: autoscaling control plane and SLO simulator for LLM inference fleets")
+    parser = argparse.ArgumentParser(prog="slopilot", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in modules.items():
         module = importlib.import_module(module_name)
