@@ -21,22 +21,31 @@ class LLMEngine:
                  num_kv_blocks: int | None = None, block_size: int = 16, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, seed: int = 0, device: str = "cpu",
                  dtype: str = "float32", attention_backend: str = "auto", scheduling_policy: str = "fcfs",
-                 clock: Callable[[], float] = time.perf_counter):
-        from engine.model import resolve_config
-        from engine.model_runner import ModelRunner
+                 clock: Callable[[], float] = time.perf_counter, runner=None):
+        """runner: anything with ModelRunner's interface (execute, release, tokenizer, max_model_len,
+        eos_token_ids); the emulated server passes one that sleeps instead of computing."""
+        if runner is None:
+            from engine.model import resolve_config
+            from engine.model_runner import ModelRunner
 
-        config = resolve_config(model)
-        model_len = min(config.max_position_embeddings, max_model_len or config.max_position_embeddings)
-        if num_kv_blocks is None:  # room for every running request at full length, capped
-            num_kv_blocks = max_num_seqs * cdiv(min(model_len, 2048), block_size)
-        self.runner = ModelRunner(model, num_kv_blocks=num_kv_blocks, block_size=block_size, device=device,
-                                  dtype=dtype, attention_backend=attention_backend, seed=seed)
+            config = resolve_config(model)
+            model_len = min(config.max_position_embeddings, max_model_len or config.max_position_embeddings)
+            if num_kv_blocks is None:  # room for every running request at full length, capped
+                num_kv_blocks = max_num_seqs * cdiv(min(model_len, 2048), block_size)
+            runner = ModelRunner(model, num_kv_blocks=num_kv_blocks, block_size=block_size, device=device,
+                                 dtype=dtype, attention_backend=attention_backend, seed=seed)
+            eos = list(config.eos_token_ids)
+        else:
+            num_kv_blocks, block_size = runner.num_kv_blocks, runner.block_size
+            model_len = min(runner.max_model_len, max_model_len or runner.max_model_len)
+            eos = list(runner.eos_token_ids)
+        self.runner = runner
         self.tokenizer = self.runner.tokenizer
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=min(model_len, self.runner.max_model_len),
-                                   eos_token_id=list(self.runner.config.eos_token_ids),
+                                   eos_token_id=eos,
                                    policy=scheduling_policy)
         self.model_name = model
         self.clock = clock
