@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cached-contexts", default=None, help="comma list of cached tokens under a chunk")
     parser.add_argument("--decode-contexts", default=None, help="comma list of decode KV lengths")
     parser.add_argument("--device-name", default=None, help="value of the CSV's device column")
+    parser.add_argument("--kv-budget-gb", type=float, default=None,
+                        help="memory for the KV cache; shapes that need more are left out (default: from "
+                        "free GPU memory on cuda, a quarter of RAM on cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice); 1 is steadiest on a busy machine")
     parser.add_argument("--seed", type=int, default=0)
@@ -105,13 +108,27 @@ def metadata(runner, args, rows: int, started: float, load_before: tuple) -> dic
     }
 
 
+def kv_budget_bytes(args, config, dtype) -> float:
+    """KV memory: what the flag says, else free GPU memory less weights and headroom, else RAM / 4."""
+    import torch
+
+    from engine.profiler import weight_bytes
+
+    if args.kv_budget_gb is not None:
+        return args.kv_budget_gb * 2**30
+    if args.device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return 0.9 * free - weight_bytes(config, dtype.itemsize) - 8 * 2**30  # 8 GiB for activations
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from engine import profiler as prof
     from engine.model import resolve_config
     from engine.model_runner import ModelRunner, resolve_dtype
-    from engine.profiler import CSV_COLUMNS, build_step, default_grid, profile_rows, time_step
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available to this torch")
@@ -126,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         args.repeats = 3 if args.quick else 5
     if args.max_num_seqs < 1 or args.repeats < 1 or args.block_size < 1:
         raise ValueError("--max-num-seqs, --repeats and --block-size must be >= 1")
-    grid = default_grid(args.max_num_seqs, args.quick)
+    grid = prof.default_grid(args.max_num_seqs, args.quick)
     if args.prefill_chunks:
         grid = replace(grid, prefill_chunks=_ints(args.prefill_chunks, "--prefill-chunks"))
     if args.cached_contexts:
@@ -135,16 +152,17 @@ def run(args: argparse.Namespace) -> int:
         grid = replace(grid, decode_contexts=_ints(args.decode_contexts, "--decode-contexts"))
 
     config = resolve_config(args.model)
-    shapes = grid.shapes(config.max_position_embeddings)
+    torch_dtype = resolve_dtype(args.dtype, torch.device(args.device))
+    bs = args.block_size
+    block_bytes = prof.kv_bytes_per_token(config, torch_dtype.itemsize) * bs
+    max_blocks = int(kv_budget_bytes(args, config, torch_dtype) // block_bytes)
+    shapes, left_out = prof.fit_memory(grid.shapes(config.max_position_embeddings), bs, max_blocks)
     if not shapes:
         raise ValueError(f"no step shape of the grid fits {args.model}'s {config.max_position_embeddings} "
-                         "positions")
-    bs = args.block_size
-    blocks_needed = max(sum(-(-n // bs) for n in [s.prefill_context] + [s.decode_len] * s.decode_seqs)
-                        for s in shapes)
+                         f"positions and {max_blocks} KV blocks")
+    blocks_needed = max(prof.kv_blocks(s, bs) for s in shapes)
     runner = ModelRunner(args.model, num_kv_blocks=blocks_needed + 1, block_size=bs, device=args.device,
-                         dtype=resolve_dtype(args.dtype, torch.device(args.device)),
-                         attention_backend=args.attention_backend, seed=args.seed)
+                         dtype=torch_dtype, attention_backend=args.attention_backend, seed=args.seed)
     args.device_name = args.device_name or device_slug(args.device)
     dtype = str(runner.dtype).split(".")[-1]
 
@@ -153,24 +171,28 @@ def run(args: argparse.Namespace) -> int:
 
     pool = list(range(runner.num_kv_blocks))
     for shape in sorted(shapes, key=lambda s: s.num_tokens)[len(shapes) // 2:][:2]:
-        seqs, news = build_step(shape, pool, bs, runner.config.vocab_size, random.Random(args.seed))
-        time_step(runner, seqs, news, repeats=1, warmup=2)
+        seqs, news = prof.build_step(shape, pool, bs, runner.config.vocab_size, random.Random(args.seed))
+        prof.time_step(runner, seqs, news, repeats=1, warmup=2)
 
     columns = [TextColumn("[bold]profile {task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn()]
-    with Progress(*columns) as bar:
-        task = bar.add_task(f"{args.model} {args.device} {dtype}", total=len(shapes))
-        rows = profile_rows(runner, shapes, device_name=args.device_name, model_name=config.name, dtype=dtype,
-                            repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                            progress=lambda _shape: bar.advance(task))
-
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+    with out.open("w", newline="") as f, Progress(*columns) as bar:
+        writer = csv.DictWriter(f, fieldnames=prof.CSV_COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        task = bar.add_task(f"{args.model} {args.device} {dtype}", total=len(shapes))
+
+        def on_row(row: dict) -> None:  # rows land as measured: a run cut short keeps what it has
+            writer.writerow(row)
+            f.flush()
+            bar.advance(task)
+
+        rows = prof.profile_rows(runner, shapes, device_name=args.device_name, model_name=config.name,
+                                 dtype=dtype, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                                 on_row=on_row)
     meta = metadata(runner, args, len(rows), started, load_before)
+    meta["left_out_for_memory"] = [vars(s) for s in left_out]
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {len(rows)} rows to {out} (metadata: {out.with_suffix('.json')})")
     return 0

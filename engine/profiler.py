@@ -148,9 +148,34 @@ def time_step(runner, seqs: list[Sequence], news: list[int], repeats: int, warmu
     return times
 
 
+def kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+
+
+def weight_bytes(config, dtype_bytes: int) -> int:
+    """Llama parameter count from the shapes, times the element size."""
+    c = config
+    attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return dtype_bytes * (c.num_layers * (attn + mlp + 2 * c.hidden_size) + embed + c.hidden_size)
+
+
+def kv_blocks(shape: StepShape, block_size: int) -> int:
+    """Blocks the step's sequences hold: each sequence rounds up to whole blocks."""
+    lens = ([shape.prefill_context] if shape.prefill_tokens else []) + [shape.decode_len] * shape.decode_seqs
+    return sum(-(-n // block_size) for n in lens)
+
+
+def fit_memory(shapes: list[StepShape], block_size: int, max_blocks: int) -> tuple[list[StepShape], list]:
+    """The shapes whose KV fits in max_blocks blocks, and the ones left out."""
+    keep = [s for s in shapes if kv_blocks(s, block_size) <= max_blocks]
+    return keep, [s for s in shapes if kv_blocks(s, block_size) > max_blocks]
+
+
 def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_name: str, dtype: str,
-                 repeats: int, warmup: int = 1, seed: int = 0, progress=None) -> list[dict]:
-    """Measure every shape on runner; progress(shape) is called after each."""
+                 repeats: int, warmup: int = 1, seed: int = 0, on_row=None) -> list[dict]:
+    """Measure every shape on runner; on_row(row) is called as each is measured."""
     rng = random.Random(seed)
     pool = list(range(runner.num_kv_blocks))
     rng.shuffle(pool)  # non-adjacent blocks, as a long-running engine has them
@@ -168,6 +193,6 @@ def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_nam
             "repeats": repeats, "latency_min_ms": round(min(times), 4),
             "latency_max_ms": round(max(times), 4),
         })
-        if progress is not None:
-            progress(shape)
+        if on_row is not None:
+            on_row(rows[-1])
     return rows

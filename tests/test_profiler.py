@@ -9,7 +9,17 @@ from collections import defaultdict
 
 import pytest
 
-from engine.profiler import CSV_COLUMNS, StepShape, build_step, default_grid, powers_of_two
+from engine.profiler import (
+    CSV_COLUMNS,
+    StepShape,
+    build_step,
+    default_grid,
+    fit_memory,
+    kv_blocks,
+    kv_bytes_per_token,
+    powers_of_two,
+    weight_bytes,
+)
 
 REQUIRED = ["device", "model", "dtype", "tp", "phase", "batch_size", "num_tokens", "context_tokens",
             "latency_ms"]
@@ -35,6 +45,17 @@ def test_build_step_puts_sequences_just_before_the_step():
     assert [s.block_table for s in seqs] == [[100, 101, 102], [103, 104], [105, 106]]
     with pytest.raises(ValueError, match="needs 7 KV blocks"):
         build_step(shape, list(range(6)), 16, 50, random.Random(0))
+
+
+def test_memory_fit_and_sizes():
+    from engine.model import resolve_config
+
+    shapes = [StepShape(prefill_tokens=17), StepShape(decode_seqs=4, decode_len=33)]
+    assert [kv_blocks(s, 16) for s in shapes] == [2, 12]
+    assert fit_memory(shapes, 16, 11) == ([shapes[0]], [shapes[1]])
+    cfg = resolve_config("llama3-8b")
+    assert kv_bytes_per_token(cfg, 2) == 128 * 1024  # 32 layers x K,V x 8 heads x 128 x bf16
+    assert 7.9e9 < weight_bytes(cfg, 1) < 8.1e9  # Llama-3-8B has 8.03B parameters
 
 
 def test_grids():
