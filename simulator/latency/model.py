@@ -86,6 +86,24 @@ def prefill_attention_work(prefill_tokens, prefill_context, prefill_seqs) -> np.
     return t * (ctx - t / 2.0) / seqs
 
 
+def coeffs_array(q: dict, prefill_tokens, prefill_context, decode_seqs, prefill_seqs=1):
+    """(a_ms, b_ms) arrays of the step-time law for parameters q (see the module docstring)."""
+    p_tok = np.asarray(prefill_tokens, dtype=float)
+    d_seq = np.asarray(decode_seqs, dtype=float)
+    p_seq = np.where(p_tok > 0, np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0), 0.0)
+    a = (q["overhead_ms"]
+         + q["prefill_fixed_ms"] * (p_tok > 0)
+         + q["prefill_seq_ms"] * p_seq
+         + q["decode_seq_ms"] * d_seq
+         + roof(q["gemm_floor_ms"], q["prefill_token_ms"] * p_tok + q["decode_token_ms"] * d_seq, q["roof_p"])
+         + hinge(p_tok, q["prefill_knots"], q["prefill_hinge_ms"])
+         + hinge(d_seq, q["decode_knots"], q["decode_hinge_ms"])
+         + q["prefill_attn_ms"] * prefill_attention_work(p_tok, prefill_context, p_seq))
+    kv = q["decode_kv_ms"] + ramps(d_seq, q["decode_knots"], q["decode_kv_ramp_ms"])
+    b = np.where(d_seq > 0, kv, 0.0)
+    return a, np.broadcast_to(b, np.shape(a)).astype(float)
+
+
 class LatencyModel:
     def __init__(self, device: str, model: str, dtype: str, tp: int, params: dict[str, float],
                  provenance: dict | None = None, fit_range: dict | None = None):
@@ -117,28 +135,32 @@ class LatencyModel:
 
     def decode_coeffs_array(self, prefill_tokens, prefill_context, decode_seqs, prefill_seqs=1):
         """Vectorised decode_coeffs: arrays (a_ms, b_ms)."""
-        q = self.params
-        p_tok = np.asarray(prefill_tokens, dtype=float)
-        d_seq = np.asarray(decode_seqs, dtype=float)
-        p_seq = np.where(p_tok > 0, np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0), 0.0)
-        a = (q["overhead_ms"]
-             + q["prefill_fixed_ms"] * (p_tok > 0)
-             + q["prefill_seq_ms"] * p_seq
-             + q["decode_seq_ms"] * d_seq
-             + roof(q["gemm_floor_ms"], q["prefill_token_ms"] * p_tok + q["decode_token_ms"] * d_seq,
-                    q["roof_p"])
-             + hinge(p_tok, q["prefill_knots"], q["prefill_hinge_ms"])
-             + hinge(d_seq, q["decode_knots"], q["decode_hinge_ms"])
-             + q["prefill_attn_ms"] * prefill_attention_work(p_tok, prefill_context, p_seq))
-        kv = q["decode_kv_ms"] + ramps(d_seq, q["decode_knots"], q["decode_kv_ramp_ms"])
-        b = np.where(d_seq > 0, kv, 0.0)
-        return a, np.broadcast_to(b, np.shape(a)).astype(float)
+        return coeffs_array(self.params, prefill_tokens, prefill_context, decode_seqs, prefill_seqs)
 
     def decode_coeffs(self, prefill_tokens: int, prefill_context: int, decode_seqs: int,
                       prefill_seqs: int = 1) -> tuple[float, float]:
         """(a_ms, b_ms) with step_ms(prefill_tokens, prefill_context, decode_seqs, ctx) == a + b * ctx."""
-        a, b = self.decode_coeffs_array(prefill_tokens, prefill_context, decode_seqs, prefill_seqs)
-        return float(a), float(b)
+        # plain floats: the simulator calls this once per simulated step, numpy would dominate
+        q = self.params
+        t, d = float(prefill_tokens), float(decode_seqs)
+        a = q["overhead_ms"] + q["decode_seq_ms"] * d
+        if t > 0:
+            seqs = max(float(prefill_seqs), 1.0)
+            ctx = max(float(prefill_context), t)
+            a += q["prefill_fixed_ms"] + q["prefill_seq_ms"] * seqs
+            a += q["prefill_attn_ms"] * t * (ctx - t / 2) / seqs
+        floor, x, p = q["gemm_floor_ms"], q["prefill_token_ms"] * t + q["decode_token_ms"] * d, q["roof_p"]
+        m = max(floor, x)
+        if m > 0:
+            a += m * ((floor / m) ** p + (x / m) ** p) ** (1.0 / p)
+        for k, h in zip(q["prefill_knots"], q["prefill_hinge_ms"]):
+            a += h * max(t - k, 0.0)
+        b = q["decode_kv_ms"] if d > 0 else 0.0
+        for k, h, r in zip(q["decode_knots"], q["decode_hinge_ms"], q["decode_kv_ramp_ms"]):
+            a += h * max(d - k, 0.0)
+            if d > 0:
+                b += r * min(max((d - k) / k, 0.0), 1.0)
+        return a, b
 
     def step_ms(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_context: int,
                 prefill_seqs: int = 1) -> float:
@@ -158,9 +180,9 @@ class LatencyModel:
         prefill_tokens, decode_seqs, prefill_context, prefill_seqs, as in profile.Profile)."""
         from simulator.latency.profile import Profile
 
-        phase = np.atleast_1d(np.asarray(phase, dtype=str))
-        n = len(phase)
         num = {"batch_size": batch_size, "num_tokens": num_tokens, "context_tokens": context_tokens, **mixed}
+        n = np.broadcast(np.atleast_1d(phase), *(np.atleast_1d(v) for v in num.values())).size
+        phase = np.broadcast_to(np.asarray(phase, dtype=str), (n,))
         num = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in num.items()}
         bad = sorted(set(phase.tolist()) - {"prefill", "decode", "mixed"})
         if bad:
