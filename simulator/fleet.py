@@ -163,7 +163,7 @@ class Fleet:
         self.req_first_sched[i] = seq.first_scheduled_time
         self.req_first_token[i] = seq.first_token_time
         self.req_finish[i] = seq.finish_time
-        self.req_cached[i] = seq.num_cached_tokens
+        self.req_cached[i] = seq.first_cached
         self.req_generated[i] = seq.num_output_tokens
         self.req_preempt[i] = seq.num_preemptions
         self.req_status[i] = 1
@@ -210,6 +210,7 @@ class Fleet:
             arrival_time=seconds(int(self.arrival_ps[i])),
         )
         seq.req_index = i
+        seq.first_cached = -1
         seq.fleet_arrival = int(self.arrival_ps[i])
         return seq
 

@@ -155,13 +155,16 @@ class Replica:
         out = sched.schedule(t0)
         if out.preempted:
             self.metrics.inc("num_preemptions", len(out.preempted))
-        if not out.seqs:  # nothing fits right now (cannot normally happen): wait for a change
-            yield from self._idle()
-            return
+        if not out.seqs:
+            if not out.preempted:  # nothing fits (cannot normally happen): wait for a change
+                yield from self._idle()
+            return  # the step only preempted: the next one admits again
         pt = pc = ds = dc = pseq = 0
         sampled = []
         for seq, n in zip(out.seqs, out.num_new_tokens):
             c = seq.num_computed_tokens
+            if seq.first_cached < 0:  # just admitted for the first time: its prefix-cache hit
+                seq.first_cached = seq.num_cached_tokens
             if n == 1 and c >= seq.num_prompt_tokens:
                 ds += 1
                 dc += c + 1

@@ -123,7 +123,7 @@ def window_attainment(req: dict, slos, arrived: np.ndarray, window: float = 60.0
         fine = True
         for slo in slos:
             v = slo_metric(req, slo.name)[sel]
-            v = np.where(req["status"][sel] == 1, v, np.inf)
+            v = np.where(req["status"][sel] == 1, v, 1e18)  # unfinished: worse than any SLO
             if slo.name in ("tpot", "itl"):
                 v = np.where(np.isnan(v), 0.0, v)
             if np.percentile(v, slo.percentile) > slo.threshold:
@@ -160,6 +160,7 @@ def summarize(fleet) -> dict:
         }
     pools = {}
     for pool in fleet.pools:
+        in_pool = req["pool"] == pool.index
         rs = fleet.replica_seconds(pool)
         ready_s = fleet.ready_seconds(pool)
         hits = sum(r.bm.prefix_cache_hits for r in pool.replicas)
@@ -172,7 +173,12 @@ def summarize(fleet) -> dict:
             "scale_event_list": [{"time": t, "from": a, "to": b} for t, a, b in pool.scale_events],
             "max_replicas": max([e[2] for e in pool.scale_events] + [pool.spec.replicas]),
             "replicas_created": len(pool.replicas),
+            # vLLM's counters: every admission, recomputes after preemption included
             "prefix_cache_hit_rate": hits / queries if queries else None,
+            # requests' own prompts at their first admission (what routing can win)
+            "prompt_cache_hit_rate": _ratio(
+                req["cached_tokens"][in_pool & ok], req["prompt_tokens"][in_pool & ok]
+            ),
             "peak_kv_usage": max((r.max_usage for r in pool.replicas), default=0.0),
             "preemptions": int(sum(r.sched.num_preemptions for r in pool.replicas)),
         }
@@ -221,6 +227,11 @@ def summarize(fleet) -> dict:
         },
     }
     return summary
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> float | None:
+    d = float(den.sum())
+    return float(num.sum()) / d if d > 0 else None
 
 
 def _fmt(v) -> str:

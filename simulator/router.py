@@ -92,6 +92,8 @@ class Router:
         block_tokens: int = 64,
         kv_threshold: float = 0.95,
         queue_threshold: int = 64,
+        load_slack: float = 1.25,
+        load_margin: int = 2,
     ):
         self.policy = policy
         self.weights = weights or {}
@@ -99,6 +101,7 @@ class Router:
         self.block_tokens = block_tokens
         self.kv_threshold = kv_threshold
         self.queue_threshold = queue_threshold
+        self.load_slack, self.load_margin = load_slack, load_margin
         self.uses_prefix = policy == "prefix_affinity" or self.weights.get("prefix", 0) > 0
         self.index = PrefixIndex(prefix_lru_blocks) if self.uses_prefix else None
         self._turn = 0
@@ -138,16 +141,19 @@ class Router:
         return i
 
     def _prefix_pick(self, replicas: list[ReplicaView], hashes: list[int]) -> int:
-        # longest cached prefix wins; among equals, the least loaded
+        # longest cached prefix wins among replicas not much busier than the least loaded one
+        # (bounded load: a prefix every request shares, like a system prompt, must not pin them all)
+        loads = [r.outstanding for r in replicas]
+        bound = min(loads) * self.load_slack + self.load_margin
         if hashes:
-            matches = [self.index.match(r.id, hashes) for r in replicas]
+            cands = [i for i, v in enumerate(loads) if v <= bound]
+            matches = [self.index.match(replicas[i].id, hashes) for i in cands]
             best = max(matches)
             if best > 0:
-                cands = [i for i, m in enumerate(matches) if m == best]
-                loads = [replicas[i].outstanding for i in cands]
-                m = min(loads)
-                return self._tie([c for c, v in zip(cands, loads) if v == m])
-        return self._argmin([r.outstanding for r in replicas])
+                cands = [c for c, m in zip(cands, matches) if m == best]
+                low = min(loads[c] for c in cands)
+                return self._tie([c for c in cands if loads[c] == low])
+        return self._argmin(loads)
 
     def _weighted_pick(self, replicas: list[ReplicaView], hashes: list[int]) -> int:
         keep = [

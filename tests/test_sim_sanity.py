@@ -67,11 +67,12 @@ def test_prefix_affinity_beats_round_robin_on_mooncake(shared_data):
         sc = load_scenario({
             "seed": 5,
             "workload": {"trace": {"format": "mooncake", "path": str(shared_data / "traces" / "mooncake_conversation.jsonl"),
-                                   "limit": 300}},
+                                   "limit": 600}},
             "pools": [{"name": "p", "latency_model": "stub", "replicas": 4, "kv_blocks": 40000, "max_model_len": 131072}],
             "router": {"policy": policy},
         })
         res = simulate(sc, models={"stub": AffineStepModel(10.0, 0.01, 0.3, 0.0002)}, plots=False)
-        rates[policy] = res.summary["pools"]["p"]["prefix_cache_hit_rate"]
-        assert res.summary["requests"]["ok"] == 300
-    assert rates["prefix_affinity"] > rates["round_robin"] + 0.05, rates
+        rates[policy] = res.summary["pools"]["p"]["prompt_cache_hit_rate"]
+        assert res.summary["requests"]["ok"] == 600
+    # first-admission hits of the requests' own prompts (vLLM's counter also counts recomputes)
+    assert rates["prefix_affinity"] > 1.3 * rates["round_robin"] > 0, rates
