@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             out.close()
     report = sys.stdout if args.output else sys.stderr
+    unfitted = sorted(set(prof.text["phase"]) - set(model.fit_range.get("phases", prof.text["phase"])))
+    if unfitted:
+        print(f"warning: {model} was fitted without {', '.join(unfitted)} rows: those predictions are "
+              "not calibrated", file=report)
     if prof.has_latency:
         ape = 100 * np.abs(pred / prof.num["latency_ms"] - 1)
         print(f"error of {model} on {args.rows}:", file=report)

@@ -101,3 +101,22 @@ def test_fit_recovers_a_known_law_without_data():
     # and it extrapolates the law: 4x the largest batch
     for phase, args in (("prefill", (128, 128 * 512, 128 * 512)), ("decode", (128, 128, 128 * 4000))):
         assert m.predict_ms(phase, *args) == pytest.approx(truth.predict_ms(phase, *args), rel=0.08)
+
+
+def test_terms_a_profile_cannot_see_stay_zero(tmp_path, capsys):
+    from slopilot.cli import main
+    from tests.test_latency_csv import synthetic_rows, write
+
+    decode_only = [r for r in synthetic_rows() if r["phase"] == "decode"]
+    path = write(tmp_path / "d.csv", decode_only)
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "m.json"), "--no-plot"]) == 0
+    from simulator.latency import LatencyModel
+
+    m = LatencyModel.load(tmp_path / "m.json")
+    assert m.fit_range["phases"] == ["decode"]
+    assert m.params["prefill_token_ms"] == m.params["prefill_fixed_ms"] == m.params["prefill_attn_ms"] == 0
+    capsys.readouterr()
+    assert (
+        main(["predict", str(tmp_path / "m.json"), str(write(tmp_path / "all.csv", synthetic_rows()))]) == 0
+    )
+    assert "fitted without prefill rows" in capsys.readouterr().err

@@ -66,6 +66,14 @@ class _Layout:
                             "decode_knots": unit(shape["decode_seqs"])}
         self.kv_scale = units["decode_kv_ms"]
         self.size = len(COEFFS) + sum(len(k) for k in self.knots.values()) + len(self.knots["decode_knots"])
+        # start every term small; a term the data cannot see (no prefill rows, say) starts and stays at 0
+        has_p, has_d = bool((shape["prefill_tokens"] > 0).any()), bool((shape["decode_seqs"] > 0).any())
+        seen = {"prefill": has_p, "decode": has_d, "overhead": True, "gemm": True}
+        self.start = np.array([0.02 * seen[k.split("_")[0]] for k in COEFFS]
+                              + [0.02 * has_p] * len(self.knots["prefill_knots"])
+                              + [0.02 * has_d] * 2 * len(self.knots["decode_knots"]))
+        if not (attn > 0).any():
+            self.start[COEFFS.index("prefill_attn_ms")] = 0.0
 
     def params(self, x: np.ndarray) -> dict:
         q = dict(zip(COEFFS, (x[: len(COEFFS)] * self.scale).tolist()))
@@ -101,15 +109,22 @@ def fit(profile: Profile) -> LatencyModel:
     log_y = np.log(y)
     key = groups[0]
 
+    active = layout.start > 0  # terms the data cannot see stay at 0 (a zero Jacobian column misleads trf)
+
+    def full(x: np.ndarray) -> np.ndarray:
+        v = np.zeros(layout.size)
+        v[active] = x
+        return v
+
     def residuals(x: np.ndarray) -> np.ndarray:
-        a, b = coeffs_array(layout.params(x), shape["prefill_tokens"], shape["prefill_context"],
+        a, b = coeffs_array(layout.params(full(x)), shape["prefill_tokens"], shape["prefill_context"],
                             shape["decode_seqs"], shape["prefill_seqs"])
         return np.log(np.maximum(a + b * shape["decode_context"], 1e-9)) - log_y
 
-    lo, hi = layout.bounds()
+    lo, hi = (v[active] for v in layout.bounds())
     # one start, every term small: the terms the data needs grow from there (other starts tried on the
     # Splitwise and DistServe data reached the same optimum, several times slower)
-    x0 = np.clip(np.full(layout.size, 0.02), lo, hi)
+    x0 = np.clip(layout.start[active], lo, hi)
     best = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=LOSS_SCALE,
                          x_scale="jac", max_nfev=4000)
     fit_range = {
@@ -118,7 +133,7 @@ def fit(profile: Profile) -> LatencyModel:
         "max_num_tokens": int(profile.num["num_tokens"].max()),
         "max_context_tokens": int(profile.num["context_tokens"].max()),
     }
-    return LatencyModel(*key, layout.params(best.x), fit_range=fit_range)
+    return LatencyModel(*key, layout.params(full(best.x)), fit_range=fit_range)
 
 
 # --- errors -------------------------------------------------------------------------------------
