@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             label = str(csv_path.resolve().relative_to(root)) if csv_path.resolve().is_relative_to(root) \
                 else csv_path.name
             m = build(sel, csv_path, label, "", None)
-            _save(m, args.out / f"{device}-{model.split('/')[-1]}-tp{tp}.json".lower())
+            name = f"{device}-{model.split('/')[-1]}" + (f"-tp{tp}" if tp > 1 else "")  # e.g. cpu-tiny
+            _save(m, args.out / f"{name}.json".lower())
     return 0
 
 
