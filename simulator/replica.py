@@ -18,6 +18,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from simulator.fastforward import advance_decodes, decode_stretch
+from simulator.kvcount import CountingBlockManager
 from simulator.metrics import LAYOUT, ReplicaMetrics
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
 
@@ -28,7 +29,10 @@ class Replica:
     def __init__(self, env: simpy.Environment, rid: int, pool, timer: StepTimer, fleet, fast: bool = True):
         spec = pool.spec
         self.env, self.id, self.pool, self.timer, self.fleet, self.fast = env, rid, pool, timer, fleet, fast
-        self.bm = BlockManager(spec.num_kv_blocks(), spec.block_size, spec.prefix_caching)
+        if fast and not spec.prefix_caching:
+            self.bm = CountingBlockManager(spec.num_kv_blocks(), spec.block_size)
+        else:  # the step-by-step reference always runs on the engine's own block manager
+            self.bm = BlockManager(spec.num_kv_blocks(), spec.block_size, spec.prefix_caching)
         self.sched = Scheduler(self.bm, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len)
         self.metrics = ReplicaMetrics()
         self.state = "provisioning"

@@ -1,0 +1,165 @@
+"""Simulator speed: the Azure conversation trace (19,366 requests, ~1 h) on 8 H100 Llama-2-70B replicas,
+and a scale run of 200 replicas at 100 req/s for a simulated hour (~360k requests).
+
+Baseline and ours in the same run: the step-by-step simulator (every decode iteration through the
+engine's scheduler, `fast=False`) against the closed-form fast path, on the same workload; their
+per-request timings must be identical. Prints medians of several runs and the ratio; the scale run
+reports wall time and peak memory (tracemalloc is not used: it would slow the run; ru_maxrss of a
+child process is).
+
+    .venv/bin/python bench/simulator_speed.py [--repeats 3] [--skip-scale] [--baseline-limit 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simulator.fleet import Fleet  # noqa: E402
+from simulator.run import build_workload  # noqa: E402
+from simulator.scenario import load_scenario  # noqa: E402
+
+POOL = {
+    "name": "h100",
+    "latency_model": "h100-llama2-70b-tp4",
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": 16384,
+    "kv_memory": {"gpu_memory_gib": 74.5, "num_gpus": 4, "weights_gib": 130.4, "kv_bytes_per_token": 327680},
+    "prefix_caching": False,
+}
+
+
+def shared_data() -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import find_shared_data
+
+    p = find_shared_data()
+    if p is None:
+        sys.exit("public data not found: set SLOPILOT_SHARED_DATA or place it at ../shared/data")
+    return p
+
+
+def azure_scenario(limit: int | None = None):
+    trace = {"format": "azure", "path": str(shared_data() / "traces" / "azure_llm_2023_conv.csv")}
+    if limit:
+        trace["limit"] = limit
+    return load_scenario(
+        {
+            "seed": 0,
+            "workload": {"trace": trace},
+            "pools": [dict(POOL, replicas=8)],
+            "router": {"policy": "least_outstanding"},
+            "slo": {"ttft": 2.0, "tpot": 0.1},
+        }
+    )
+
+
+def timed_run(sc, wl, fast: bool) -> tuple[float, Fleet]:
+    t = time.perf_counter()
+    f = Fleet(sc, wl, fast=fast)
+    f.run()
+    return time.perf_counter() - t, f
+
+
+def scale_child() -> None:
+    """Runs the scale scenario in this process and prints wall seconds and peak RSS as JSON."""
+    sc = load_scenario(
+        {
+            "seed": 0,
+            "duration": 3600,
+            "workload": {
+                "arrivals": {"rate": 100},
+                "prompt_tokens": {"dist": "lognormal", "mean": 1155, "median": 1020, "max": 8000},
+                "output_tokens": {"dist": "lognormal", "mean": 211, "median": 129, "max": 2048},
+            },
+            "pools": [dict(POOL, replicas=200)],
+            "router": {"policy": "least_outstanding"},
+        }
+    )
+    t = time.perf_counter()
+    wl = build_workload(sc, 0)
+    f = Fleet(sc, wl)
+    f.run()
+    wall = time.perf_counter() - t
+    ok = int((f.req_status == 1).sum())
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "requests": len(wl),
+                "ok": ok,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--baseline-limit",
+        type=int,
+        default=4000,
+        help="requests of the trace for the step-by-step comparison (the full trace takes minutes)",
+    )
+    ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.scale_child:
+        scale_child()
+        return
+
+    sc = azure_scenario()
+    wl = build_workload(sc, 0)
+    times = []
+    for _ in range(args.repeats):
+        wall, fleet = timed_run(sc, wl, True)
+        times.append(wall)
+    print(
+        f"Azure conv trace, {len(wl)} requests, 8 x H100 Llama-2-70B TP4: fast path median {statistics.median(times):.2f} s "
+        f"(runs {', '.join(f'{t:.2f}' for t in times)}); target < 5 s"
+    )
+    ok = int((fleet.req_status == 1).sum())
+    print(f"  {ok}/{len(wl)} requests ok")
+
+    sub = azure_scenario(args.baseline_limit)
+    wl2 = build_workload(sub, 0)
+    fast_t, slow_t = [], []
+    for _ in range(args.repeats):
+        t1, f1 = timed_run(sub, wl2, True)
+        t2, f2 = timed_run(sub, wl2, False)
+        fast_t.append(t1)
+        slow_t.append(t2)
+    same = all(
+        (getattr(f1, k) == getattr(f2, k)).all() for k in ("req_first_token", "req_finish", "req_first_sched")
+    )
+    print(
+        f"first {len(wl2)} requests: step-by-step median {statistics.median(slow_t):.2f} s, fast path "
+        f"{statistics.median(fast_t):.2f} s, speed-up x{statistics.median(slow_t) / statistics.median(fast_t):.1f}; "
+        f"per-request timings identical: {same}"
+    )
+
+    if not args.skip_scale:
+        out = subprocess.run(
+            [sys.executable, __file__, "--scale-child"], capture_output=True, text=True, check=True
+        )
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"scale: 200 replicas, 100 req/s, 1 simulated hour, {r['requests']} requests ({r['ok']} ok): "
+            f"{r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_mib']:.0f} MiB; targets < 120 s, < 1024 MiB"
+        )
+
+
+if __name__ == "__main__":
+    main()
