@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "free GPU memory on cuda, a quarter of RAM on cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice); 1 is steadiest on a busy machine")
+    parser.add_argument("--note", default=None, help="free text for the metadata (e.g. machine conditions)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -105,6 +106,7 @@ def metadata(runner, args, rows: int, started: float, load_before: tuple) -> dic
                        "seconds": round(time.time() - started, 1)},
         "rows": rows,
         "argv": sys.argv,
+        "note": args.note,
     }
 
 
@@ -143,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         args.repeats = 3 if args.quick else 5
     if args.max_num_seqs < 1 or args.repeats < 1 or args.block_size < 1:
         raise ValueError("--max-num-seqs, --repeats and --block-size must be >= 1")
-    grid = prof.default_grid(args.max_num_seqs, args.quick)
+    config = resolve_config(args.model)
+    grid = prof.default_grid(args.max_num_seqs, args.quick, config.max_position_embeddings)
     if args.prefill_chunks:
         grid = replace(grid, prefill_chunks=_ints(args.prefill_chunks, "--prefill-chunks"))
     if args.cached_contexts:
@@ -151,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
     if args.decode_contexts:
         grid = replace(grid, decode_contexts=_ints(args.decode_contexts, "--decode-contexts"))
 
-    config = resolve_config(args.model)
     torch_dtype = resolve_dtype(args.dtype, torch.device(args.device))
     bs = args.block_size
     block_bytes = prof.kv_bytes_per_token(config, torch_dtype.itemsize) * bs

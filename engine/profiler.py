@@ -87,16 +87,18 @@ def powers_of_two(lo: int, hi: int) -> list[int]:
     return out + [hi]
 
 
-def default_grid(max_num_seqs: int, quick: bool) -> Grid:
+def default_grid(max_num_seqs: int, quick: bool, max_model_len: int = 8192) -> Grid:
+    """The quick grid, or the full one with contexts scaled down for models of few positions."""
     if quick:
         return Grid(prefill_chunks=[16, 64, 256], cached_contexts=[0, 256],
                     decode_batches=powers_of_two(1, min(max_num_seqs, 16)), decode_contexts=[64, 512],
                     mixed_chunks=[16, 128], mixed_batches=[2, 8], mixed_context=256)
-    return Grid(prefill_chunks=powers_of_two(16, 8192), cached_contexts=[0, 1024, 4096],
-                decode_batches=powers_of_two(1, max_num_seqs), decode_contexts=[128, 1024, 4096],
+    mid, long = min(1024, max_model_len // 4), min(4096, max_model_len // 2)
+    return Grid(prefill_chunks=powers_of_two(16, 8192), cached_contexts=sorted({0, mid, long}),
+                decode_batches=powers_of_two(1, max_num_seqs), decode_contexts=sorted({128, mid, long}),
                 mixed_chunks=[64, 256, 1024],
                 mixed_batches=sorted({1, 8, min(32, max_num_seqs), max_num_seqs}),
-                mixed_context=1024)
+                mixed_context=mid)
 
 
 def tokens_needed(shape: StepShape) -> int:

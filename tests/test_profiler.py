@@ -63,9 +63,13 @@ def test_grids():
     full = default_grid(256, quick=False)
     assert full.prefill_chunks[0] == 16 and full.prefill_chunks[-1] == 8192 and 0 in full.cached_contexts
     assert full.decode_batches[0] == 1 and full.decode_batches[-1] == 256
-    shapes = full.shapes(max_model_len=2048)
-    assert shapes and all(s.longest <= 2048 for s in shapes)
+    assert full.cached_contexts == [0, 1024, 4096] and full.mixed_context == 1024
+    small = default_grid(64, quick=False, max_model_len=1024)  # tiny: contexts scaled to fit
+    assert small.cached_contexts == [0, 256, 512] and small.mixed_context == 256
+    shapes = small.shapes(max_model_len=1024)
+    assert shapes and all(s.longest <= 1024 for s in shapes)
     assert {s.phase for s in shapes} == {"prefill", "decode", "mixed"}
+    assert {s.cached_tokens for s in shapes if s.phase == "prefill"} == {0, 256, 512}
 
 
 def test_quick_profile_of_tiny(tmp_path):
