@@ -112,7 +112,15 @@ class Router:
 
     def _argmin(self, values: list[float]) -> int:
         m = min(values)
-        return self._tie([i for i, v in enumerate(values) if v == m])
+        count = values.count(m)
+        if count == 1:
+            return values.index(m)
+        self._turn += 1
+        k = self._turn % count  # ties in turn: the k-th replica holding the minimum
+        i = -1
+        for _ in range(k + 1):
+            i = values.index(m, i + 1)
+        return i
 
     def pick(self, replicas: list[ReplicaView], token_ids: Sequence[int] | None = None) -> int:
         if not replicas:

@@ -13,13 +13,19 @@ from simulator.workload import Workload
 def _scenario(**pool):
     p = {"name": "p", "latency_model": "stub", "replicas": 3, "kv_blocks": 600, "max_num_batched_tokens": 512}
     p.update(pool)
-    return load_scenario({
-        "duration": 60, "seed": 3,
-        "workload": {"arrivals": {"process": "gamma", "cv": 2.0, "rate": 6},
-                     "prompt_tokens": {"dist": "lognormal", "mean": 600, "median": 400, "max": 3000},
-                     "output_tokens": {"dist": "lognormal", "mean": 150, "median": 80, "max": 900}},
-        "pools": [p], "router": {"policy": "round_robin"},
-    })
+    return load_scenario(
+        {
+            "duration": 60,
+            "seed": 3,
+            "workload": {
+                "arrivals": {"process": "gamma", "cv": 2.0, "rate": 6},
+                "prompt_tokens": {"dist": "lognormal", "mean": 600, "median": 400, "max": 3000},
+                "output_tokens": {"dist": "lognormal", "mean": 150, "median": 80, "max": 900},
+            },
+            "pools": [p],
+            "router": {"policy": "round_robin"},
+        }
+    )
 
 
 def _run(sc, wl, fast):
@@ -29,8 +35,16 @@ def _run(sc, wl, fast):
 
 
 def _assert_same(a, b):
-    for name in ("req_first_sched", "req_first_token", "req_finish", "req_cached", "req_generated",
-                 "req_preempt", "req_status", "req_replica"):
+    for name in (
+        "req_first_sched",
+        "req_first_token",
+        "req_finish",
+        "req_cached",
+        "req_generated",
+        "req_preempt",
+        "req_status",
+        "req_replica",
+    ):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 

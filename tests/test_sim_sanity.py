@@ -14,10 +14,13 @@ MODEL = AffineStepModel(base_ms=12.0, prefill_token_ms=0.04, decode_seq_ms=0.5, 
 
 
 def _sc(rate, duration, replicas=1, prompt=500, output=50, **extra):
-    d = {"duration": duration, "seed": 11,
-         "workload": {"arrivals": {"rate": rate}, "prompt_tokens": prompt, "output_tokens": output},
-         "pools": [{"name": "p", "latency_model": "stub", "replicas": replicas, "kv_blocks": 3000}],
-         "output": {"timeline_interval": 1.0}}
+    d = {
+        "duration": duration,
+        "seed": 11,
+        "workload": {"arrivals": {"rate": rate}, "prompt_tokens": prompt, "output_tokens": output},
+        "pools": [{"name": "p", "latency_model": "stub", "replicas": replicas, "kv_blocks": 3000}],
+        "output": {"timeline_interval": 1.0},
+    }
     d.update(extra)
     return load_scenario(d)
 
@@ -28,8 +31,11 @@ def test_low_load_latency_equals_predicted_steps():
     f = res.fleet
     arrival = f.arrival_ps / 1e12
     finish = f.req_finish / 1e12
-    alone = [i for i in range(len(arrival))
-             if (i == 0 or finish[i - 1] < arrival[i]) and (i + 1 == len(arrival) or finish[i] < arrival[i + 1])]
+    alone = [
+        i
+        for i in range(len(arrival))
+        if (i == 0 or finish[i - 1] < arrival[i]) and (i + 1 == len(arrival) or finish[i] < arrival[i + 1])
+    ]
     assert len(alone) > 50
     prefill = MODEL.step_ms(500, 500, 0, 0) / 1000
     decode = np.mean([MODEL.step_ms(0, 0, 1, 501 + j) for j in range(49)]) / 1000
@@ -40,8 +46,13 @@ def test_low_load_latency_equals_predicted_steps():
 
 
 def test_littles_law_ends_once_and_kv_within_capacity():
-    sc = _sc(rate=3, duration=400, replicas=2, prompt={"dist": "lognormal", "mean": 800, "median": 600, "max": 4000},
-             output={"dist": "lognormal", "mean": 200, "median": 120, "max": 1500})
+    sc = _sc(
+        rate=3,
+        duration=400,
+        replicas=2,
+        prompt={"dist": "lognormal", "mean": 800, "median": 600, "max": 4000},
+        output={"dist": "lognormal", "mean": 200, "median": 120, "max": 1500},
+    )
     wl = build_workload(sc, 11)
     fleet = Fleet(sc, wl, models={"stub": MODEL})
     ends = []
@@ -64,13 +75,28 @@ def test_littles_law_ends_once_and_kv_within_capacity():
 def test_prefix_affinity_beats_round_robin_on_mooncake(shared_data):
     rates = {}
     for policy in ("round_robin", "prefix_affinity"):
-        sc = load_scenario({
-            "seed": 5,
-            "workload": {"trace": {"format": "mooncake", "path": str(shared_data / "traces" / "mooncake_conversation.jsonl"),
-                                   "limit": 600}},
-            "pools": [{"name": "p", "latency_model": "stub", "replicas": 4, "kv_blocks": 40000, "max_model_len": 131072}],
-            "router": {"policy": policy},
-        })
+        sc = load_scenario(
+            {
+                "seed": 5,
+                "workload": {
+                    "trace": {
+                        "format": "mooncake",
+                        "path": str(shared_data / "traces" / "mooncake_conversation.jsonl"),
+                        "limit": 600,
+                    }
+                },
+                "pools": [
+                    {
+                        "name": "p",
+                        "latency_model": "stub",
+                        "replicas": 4,
+                        "kv_blocks": 40000,
+                        "max_model_len": 131072,
+                    }
+                ],
+                "router": {"policy": policy},
+            }
+        )
         res = simulate(sc, models={"stub": AffineStepModel(10.0, 0.01, 0.3, 0.0002)}, plots=False)
         rates[policy] = res.summary["pools"]["p"]["prompt_cache_hit_rate"]
         assert res.summary["requests"]["ok"] == 600
