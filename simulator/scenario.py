@@ -61,7 +61,7 @@ def _num(
         or not isinstance(v, (int, float))
         or (isinstance(v, float) and not math.isfinite(v))
     ):
-        raise ValueError(f"{path}: must be a {'integer' if integer else 'number'}, got {v!r}")
+        raise ValueError(f"{path}: must be {'an integer' if integer else 'a number'}, got {v!r}")
     if integer and v != int(v):
         raise ValueError(f"{path}: must be an integer, got {v!r}")
     if lo is not None and (v <= lo if strict else v < lo):
