@@ -87,7 +87,7 @@ class Fleet:
         self.pools: list[Pool] = []
         for i, spec in enumerate(scenario.pools):
             model = models.get(spec.latency_model) or load_latency_model(spec.latency_model)
-            pool = Pool(i, spec, StepTimer(model), model, desired=spec.replicas)
+            pool = Pool(i, spec, StepTimer(model, spec.step_overhead_ms), model, desired=spec.replicas)
             pool.policy = make_pool_policy(spec, model)
             self.pools.append(pool)
         self._next_rid = 0

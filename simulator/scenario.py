@@ -101,6 +101,7 @@ class PoolSpec:
     prefix_caching: bool = True
     startup_delay: Dist = field(default_factory=lambda: Dist("constant", {"value": 0.0}))
     cost_per_hour: float = 0.0
+    step_overhead_ms: float = 0.0  # engine time per step outside the model (scheduling, output handling)
     failure: FailureSpec | None = None
     autoscaler: dict | None = None
 
@@ -362,6 +363,7 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
             "prefix_caching",
             "startup_delay",
             "cost_per_hour",
+            "step_overhead_ms",
             "failure",
             "autoscaler",
         },
@@ -420,6 +422,7 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
         prefix_caching=p.get("prefix_caching", True),
         startup_delay=parse_dist(p.get("startup_delay", 0.0), f"{where}.startup_delay"),
         cost_per_hour=_num(p, "cost_per_hour", where, 0.0),
+        step_overhead_ms=_num(p, "step_overhead_ms", where, 0.0),
         failure=failure,
         autoscaler=autoscaler,
     )

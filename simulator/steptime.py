@@ -25,8 +25,9 @@ def to_ps(t_s: float) -> int:
 class StepTimer:
     """(A, B) in ps for a batch shape, with step_ps = A + B * decode_context."""
 
-    def __init__(self, model):
+    def __init__(self, model, overhead_ms: float = 0.0):
         self.model = model
+        self.overhead_ps = int(round(overhead_ms * PS_PER_MS))
         self._decode: dict[int, tuple[int, int]] = {}
         self._mixed: dict[tuple[int, int, int, int], tuple[int, int]] = {}
         self._fast = _scalar_form(model)
@@ -55,7 +56,7 @@ class StepTimer:
                 a, b = self.model.decode_coeffs(pt, pc, ds, max(pseq, 1))
             except TypeError:  # a model without the prefill_seqs argument
                 a, b = self.model.decode_coeffs(pt, pc, ds)
-        return max(1, int(round(a * PS_PER_MS))), max(0, int(round(b * PS_PER_MS)))
+        return max(1, int(round(a * PS_PER_MS)) + self.overhead_ps), max(0, int(round(b * PS_PER_MS)))
 
     def step_ps(self, pt: int, pc: int, ds: int, dc: int, pseq: int = 1) -> int:
         a, b = self.coeffs(pt, pc, ds, pseq if pt else 0)
