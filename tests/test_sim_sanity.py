@@ -102,3 +102,39 @@ def test_prefix_affinity_beats_round_robin_on_mooncake(shared_data):
         assert res.summary["requests"]["ok"] == 600
     # first-admission hits of the requests' own prompts (vLLM's counter also counts recomputes)
     assert rates["prefix_affinity"] > 1.3 * rates["round_robin"] > 0, rates
+
+
+@pytest.mark.parametrize("on_failure", ["retry", "drop"])
+def test_failures_retry_or_drop_in_flight_requests(on_failure):
+    sc = _sc(rate=4, duration=300, replicas=3)
+    sc.pools[0].failure = (
+        load_scenario(
+            {
+                **{
+                    k: v
+                    for k, v in {
+                        "duration": 1,
+                        "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 1, "output_tokens": 1},
+                    }.items()
+                },
+                "pools": [
+                    {
+                        "name": "x",
+                        "latency_model": "m",
+                        "failure": {"mtbf": 60, "repair": 30, "on_failure": on_failure},
+                    }
+                ],
+            }
+        )
+        .pools[0]
+        .failure
+    )
+    res = simulate(sc, models={"stub": MODEL}, plots=False)
+    s = res.summary
+    created = s["pools"]["p"]["replicas_created"]
+    assert created > 3  # failed replicas were replaced after repair
+    if on_failure == "retry":
+        assert s["requests"]["ok"] == s["requests"]["arrived"] and s["requests"]["retries"] > 0
+    else:
+        assert s["requests"]["failed"] > 0
+        assert s["requests"]["ok"] + s["requests"]["failed"] == s["requests"]["arrived"]
