@@ -4,10 +4,11 @@ every request ends once, KV never over capacity, prefix-affinity beats round-rob
 import numpy as np
 import pytest
 
+from simulator.dists import parse_dist
 from simulator.fleet import Fleet
 from simulator.report import summarize
 from simulator.run import build_workload, simulate
-from simulator.scenario import load_scenario
+from simulator.scenario import FailureSpec, load_scenario
 from simulator.steptime import AffineStepModel
 
 MODEL = AffineStepModel(base_ms=12.0, prefill_token_ms=0.04, decode_seq_ms=0.5, decode_kv_ms=0.001)
@@ -107,28 +108,7 @@ def test_prefix_affinity_beats_round_robin_on_mooncake(shared_data):
 @pytest.mark.parametrize("on_failure", ["retry", "drop"])
 def test_failures_retry_or_drop_in_flight_requests(on_failure):
     sc = _sc(rate=4, duration=300, replicas=3)
-    sc.pools[0].failure = (
-        load_scenario(
-            {
-                **{
-                    k: v
-                    for k, v in {
-                        "duration": 1,
-                        "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 1, "output_tokens": 1},
-                    }.items()
-                },
-                "pools": [
-                    {
-                        "name": "x",
-                        "latency_model": "m",
-                        "failure": {"mtbf": 60, "repair": 30, "on_failure": on_failure},
-                    }
-                ],
-            }
-        )
-        .pools[0]
-        .failure
-    )
+    sc.pools[0].failure = FailureSpec(mtbf=60.0, repair=parse_dist(30.0, "repair"), on_failure=on_failure)
     res = simulate(sc, models={"stub": MODEL}, plots=False)
     s = res.summary
     created = s["pools"]["p"]["replicas_created"]
