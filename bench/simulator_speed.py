@@ -161,7 +161,8 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(
             f"scale: 200 replicas, 100 req/s, 1 simulated hour, {r['requests']} requests ({r['ok']} ok): "
-            f"{r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_mib']:.0f} MiB; targets < 120 s, < 1024 MiB"
+            f"{r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), peak RSS {r['peak_rss_mib']:.0f} MiB; "
+            "targets < 120 s, < 1024 MiB"
         )
 
 
