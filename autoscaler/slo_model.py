@@ -12,7 +12,9 @@ continuous-batching server with the per-replica rate lam = rate / n:
   step of residual and the prefill of a percentile-long prompt.
 
 The policy looks ahead by the startup delay: a least-squares trend of the arrival rate over the last
-forecastWindow seconds predicts the rate when a replica ordered now becomes ready; a queue backlog adds
+forecastWindow seconds predicts the rate when a replica ordered now becomes ready; a short trend over
+the last trend_window seconds, trusted only when it predicts a rise above burst_rise, catches a burst
+at its first sample (a 2-minute startup leaves no time to wait for the long trend); a queue backlog adds
 num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits scaleDownDelay seconds
 (the highest recommendation of that window wins), like the HPA's stabilization.
 """
@@ -166,6 +168,8 @@ class SloModelPolicy(Policy):
         max_batch_seqs: int = 256,
         prompt_cv: float = 1.0,
         drain_seconds: float = 60.0,
+        trend_window: float = 60.0,
+        burst_rise: float = 0.6,
     ):
         if not slos:
             raise ValueError("spec.slo: the sloModel policy needs at least one SLO (ttft or tpot)")
@@ -179,7 +183,7 @@ class SloModelPolicy(Policy):
         )
         self.startup_delay, self.margin, self.forecast_window = startup_delay, margin, forecast_window
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
-        self.drain_seconds = drain_seconds
+        self.drain_seconds, self.trend_window, self.burst_rise = drain_seconds, trend_window, burst_rise
         self.rates: list[list[float]] = []  # [time, arrival rate]
         self.recs: list[list[float]] = []  # [time, recommendation]
 
@@ -191,12 +195,22 @@ class SloModelPolicy(Policy):
         self.recs = [list(x) for x in state.get("recs", [])]
 
     def demand(self, obs: Observation) -> float:
-        """The arrival rate to provision for: now, or forecast at now + startup delay, plus backlog drain."""
+        """The arrival rate to provision for: now, or forecast at now + startup delay, plus backlog drain.
+
+        Two trends: the long window follows the diurnal curve; the short one catches a burst. The
+        short trend is trusted only when it predicts a rise of more than burst_rise over the horizon:
+        on a steady load its slope is mostly noise. The horizon adds one polling interval, because the
+        observed rate is a trailing window average and lags the true one."""
         now, rate = obs.time, obs.arrival_rate or 0.0
         self.rates.append([now, rate])
         self.rates = [r for r in self.rates if r[0] > now - self.forecast_window]
-        ahead = linear_forecast(self.rates, now + self.startup_delay)
-        rate = max(rate, ahead or 0.0)
+        at = now + self.startup_delay + self.polling_interval
+        ahead = linear_forecast(self.rates, now + self.startup_delay) or 0.0
+        short = [r for r in self.rates if r[0] > now - self.trend_window - 1e-9]
+        burst = linear_forecast(short, at) or 0.0
+        if burst > rate * (1.0 + self.burst_rise):
+            ahead = max(ahead, burst)
+        rate = max(rate, ahead)
         return rate + (obs.num_waiting or 0.0) / self.drain_seconds
 
     def decide(self, obs: Observation) -> Decision:

@@ -178,6 +178,28 @@ def test_backlog_adds_drain_rate():
     assert p.demand(Observation(**base, num_waiting=120)) == pytest.approx(4.0)
 
 
+@pytest.mark.parametrize(
+    "rates, burst",
+    [
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 13.8], True),  # a 3x burst starting: the short trend catches it
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 8.6], False),  # noise on a steady load: the long trend only
+        ([8.0, 8.1, 8.2, 8.3, 8.4, 8.5, 8.6], False),  # a slow diurnal rise: the long trend only
+    ],
+)
+def test_short_trend_scales_ahead_of_a_burst_only(rates, burst):
+    p = SloModelPolicy(SLOS, MODEL, startup_delay=120, polling_interval=30, trend_window=60, burst_rise=0.6)
+    for i, rate in enumerate(rates):
+        lengths = dict(mean_prompt_tokens=1000, mean_output_tokens=200)
+        got = p.demand(Observation(time=30 * i, current_replicas=3, arrival_rate=rate, **lengths))
+    now, last = 30 * (len(rates) - 1), [[30 * i, r] for i, r in enumerate(rates)]
+    long_only = max(rates[-1], linear_forecast(last, now + 120))
+    short = linear_forecast(last[-3:], now + 150)  # the lagging rate window: one polling interval more
+    assert got == pytest.approx(short if burst else long_only)
+    if burst:
+        assert got > 1.6 * rates[-1]  # provisioned for the burst two minutes ahead, not the rate now
+    assert json.loads(json.dumps(p.state_dict())) == p.state_dict()
+
+
 # ---- KPA policy ------------------------------------------------------------------------------------
 
 
