@@ -1,0 +1,107 @@
+"""A model runner with no weights: each step sleeps for what a calibrated latency model predicts.
+
+The real scheduler and KV block manager run unchanged (LLMEngine(runner=EmulatedRunner(...))), so
+queueing, chunked prefill, preemption and prefix caching behave as in the real engine; only the
+forward pass is replaced by a sleep, and the sampled tokens by filler text. No torch is imported,
+so a laptop can host a fleet of emulated "H100 replicas".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.core.block_manager import cdiv
+from engine.core.sequence import Sequence
+from engine.model.tokenizer import ByteTokenizer
+
+FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
+BOS, EOS, VOCAB = 256, 257, 512  # the byte tokenizer's ids, as in the tiny preset
+
+
+def step_shape(seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[int, int, int, int, int]:
+    """(prefill tokens, prefill context, decode seqs, decode context, prefill seqs) of a batch,
+    computed before the step from each seq's computed tokens, as SchedulerOutput.shape() does."""
+    pt = pc = ds = dc = ps = 0
+    for seq, n in zip(seqs, num_new_tokens):
+        done = seq.num_computed_tokens
+        if n == 1 and done >= seq.num_prompt_tokens:
+            ds += 1
+            dc += done + 1
+        else:
+            pt += n
+            pc += done + n
+            ps += 1
+    return pt, pc, ds, dc, ps
+
+
+class EmulatedRunner:
+    """ModelRunner's interface (execute, release, tokenizer, max_model_len, ...), timed by a model.
+
+    latency: anything with step_ms(prefill_tokens, prefill_context, decode_seqs, decode_context,
+    prefill_seqs) (simulator.latency.LatencyModel). sleep/clock are injectable so a replay can run
+    in virtual time. catch_up_s: Python work between back-to-back steps is taken out of the next
+    sleep, so a busy engine keeps the model's pace instead of model time plus overhead.
+    """
+
+    def __init__(self, latency, *, num_kv_blocks: int, block_size: int = 16, max_model_len: int = 4096,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
+                 catch_up_s: float = 0.005):
+        if num_kv_blocks < 1 or block_size < 1 or max_model_len < 2:
+            raise ValueError(f"need num_kv_blocks >= 1, block_size >= 1, max_model_len >= 2; got "
+                             f"{num_kv_blocks}, {block_size}, {max_model_len}")
+        self.latency = latency
+        self.num_kv_blocks, self.block_size = num_kv_blocks, block_size
+        self.max_model_len = min(max_model_len, num_kv_blocks * block_size)
+        self.tokenizer = ByteTokenizer(BOS, EOS, VOCAB)
+        self.eos_token_ids = [EOS]
+        self._filler = [self.tokenizer.offset + b for b in FILLER.encode()]
+        self._sleep, self._clock, self.catch_up_s = sleep, clock, catch_up_s
+        self._deadline: float | None = None
+        self.steps: list[tuple[tuple[int, ...], float]] = []  # (shape, predicted ms) when log_steps
+        self.log_steps = False
+
+    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> list[int | None]:
+        now = self._clock()
+        shape = step_shape(seqs, num_new_tokens)
+        ms = self.latency.step_ms(*shape)
+        if self.log_steps:
+            self.steps.append((shape, ms))
+        start = now
+        if self._deadline is not None and 0.0 <= now - self._deadline < self.catch_up_s:
+            start = self._deadline
+        self._deadline = start + ms / 1000.0
+        wait = self._deadline - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+        return [self._filler[(s.num_output_tokens) % len(self._filler)]
+                if s.num_computed_tokens + n == len(s.token_ids) else None
+                for s, n in zip(seqs, num_new_tokens)]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+def default_kv_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """Room for every running request at full length, as LLMEngine sizes a real pool by default."""
+    return max_num_seqs * cdiv(max_model_len, block_size)
+
+
+class VirtualClock:
+    """Time that only moves when a step 'sleeps': replays a load as the latency model predicts it."""
+
+    def __init__(self, start: float = 0.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+def load_latency_model(path: str):
+    """simulator.latency is imported only here: the emulated path is the only user in engine/."""
+    from simulator.latency import LatencyModel
+
+    return LatencyModel.load(path)

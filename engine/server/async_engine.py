@@ -1,0 +1,158 @@
+"""LLMEngine in a thread of its own, fed by a command queue, streaming to asyncio queues.
+
+LLMEngine is not thread-safe, so only the engine thread touches it: the event loop puts adds and
+aborts on a queue.SimpleQueue, and the engine thread hands each step's results back with
+loop.call_soon_threadsafe. The event loop never waits on a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.llm_engine import LLMEngine
+from engine.metrics import EngineMetrics
+
+log = logging.getLogger("slopilot.engine")
+
+
+@dataclass
+class Update:
+    """A request's state after a step: its whole text so far (stop strings cut) and token counts."""
+    text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str | None = None  # set on the last update
+    error: str | None = None
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics):
+        self.engine = engine
+        self.metrics = metrics
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.streams: dict[str, asyncio.Queue[Update]] = {}  # only touched on the event loop
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: str | None = None  # set when the engine loop died
+        self.num_submitted = 0  # adds put on the queue (event loop)
+        self.num_admitted = 0  # adds the engine thread has taken (engine thread)
+        self.num_waiting = 0  # the scheduler's waiting queue after the last step
+
+    # -- event-loop side -------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread.is_alive():
+            self._commands.put(("stop",))
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for the engine: in its waiting queue or not yet taken off the command queue."""
+        return self.num_waiting + self.num_submitted - self.num_admitted
+
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float,
+            priority: int = 0) -> asyncio.Queue[Update]:
+        stream: asyncio.Queue[Update] = asyncio.Queue()
+        self.streams[request_id] = stream
+        self.num_submitted += 1
+        self._commands.put(("add", request_id, prompt_ids, params, arrival, priority))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Called when a client went away: frees the request's blocks at the next step boundary."""
+        if self.streams.pop(request_id, None) is not None:
+            self._commands.put(("abort", request_id))
+
+    def _deliver(self, request_id: str, update: Update) -> None:
+        stream = self.streams.get(request_id)
+        if stream is None:
+            return
+        if update.finish_reason is not None:
+            del self.streams[request_id]
+        stream.put_nowait(update)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, stream in list(self.streams.items()):
+            stream.put_nowait(Update("", 0, 0, "error", message))
+        self.streams.clear()
+
+    # -- engine-thread side ----------------------------------------------------------------------
+    def _send(self, request_id: str, update: Update) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, request_id, update)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                block = not self.engine.has_unfinished()
+                if not self._handle_commands(block):
+                    return
+                if self.engine.has_unfinished():
+                    self._step()
+        except Exception as exc:  # the engine is dead: /health turns 503, every stream gets the error
+            log.exception("engine loop died")
+            self.error = f"engine loop died: {type(exc).__name__}: {exc}"
+            self._loop.call_soon_threadsafe(self._fail_all, self.error)
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Applies queued adds/aborts; waits for one when idle. False on stop."""
+        while True:
+            try:
+                cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if cmd[0] == "stop":
+                return False
+            if cmd[0] == "add":
+                self._add(*cmd[1:])
+            else:
+                self._abort(cmd[1])
+
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float,
+             priority: int) -> None:
+        self.num_admitted += 1
+        try:
+            self.engine.add_request(prompt_ids, params, request_id, arrival, priority)
+        except ValueError as exc:  # the server checks lengths first; this is the last guard
+            self._send(request_id, Update("", len(prompt_ids), 0, "error", str(exc)))
+            return
+        self.num_waiting = len(self.engine.scheduler.waiting)
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.engine.seqs.get(request_id)
+        if seq is None:
+            return
+        if self.engine.abort(request_id):
+            self.metrics.record_finished(seq)
+        self.engine.pop_output(request_id)
+        self.metrics.update_gauges(self.engine)
+        self.num_waiting = len(self.engine.scheduler.waiting)
+
+    def _step(self) -> None:
+        advanced = self.engine.step()
+        self.metrics.record_step(self.engine, advanced, self.engine.clock())
+        self.num_waiting = len(self.engine.scheduler.waiting)
+        for seq in advanced:
+            self._send(seq.request_id, self._update(seq))
+            if seq.is_finished:
+                self.metrics.record_finished(seq)
+                self.engine.pop_output(seq.request_id)
+
+    def _update(self, seq: Sequence) -> Update:
+        return Update(self.engine.output_text(seq), seq.num_prompt_tokens, seq.num_output_tokens,
+                      seq.finish_reason if seq.is_finished else None)
