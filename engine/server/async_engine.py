@@ -148,9 +148,10 @@ class AsyncEngine:
         self.metrics.record_step(self.engine, advanced, self.engine.clock())
         self.num_waiting = len(self.engine.scheduler.waiting)
         for seq in advanced:
+            if seq.is_finished:  # metrics first: a client that got its answer may scrape at once
+                self.metrics.record_finished(seq)
             self._send(seq.request_id, self._update(seq))
             if seq.is_finished:
-                self.metrics.record_finished(seq)
                 self.engine.pop_output(seq.request_id)
 
     def _update(self, seq: Sequence) -> Update:
