@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from engine.core.sampling_params import SamplingParams
 from engine.server.async_engine import AsyncEngine, Update
@@ -93,6 +94,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         return JSONResponse(exc.body(), exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # e.g. an undecodable body, 404, 405
+        kind = "BadRequestError" if exc.status_code == 400 else "HTTPError"
+        return JSONResponse(error_body(str(exc.detail), kind, exc.status_code), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
