@@ -54,6 +54,7 @@ def test_completion_usage_counts(real, stream):
         assert chunks[-1].choices == [] and chunks[-1].usage is not None
         assert chunks[-2].choices[0].finish_reason == "length"
         assert all(ch.usage is None for ch in chunks[:-1])
+        assert len(chunks) == 12 + 1  # one chunk a token, even when a token has no text of its own
         usage, text = chunks[-1].usage, "".join(ch.choices[0].text for ch in chunks[:-1])
     assert usage.prompt_tokens == prompt_tokens(prompt)
     assert usage.completion_tokens == 12

@@ -280,8 +280,8 @@ async def _sse(engine: AsyncEngine, request_id: str, stream: asyncio.Queue[Updat
             delta = ""
             if text.startswith(sent):  # a tokenizer may re-spell earlier text: never repeat it
                 delta, sent = text[len(sent):], text
-            if delta or finished:
-                yield _event(shaper.chunk(delta, update.finish_reason))
+            # a chunk for every token, even one with no text yet (as vLLM streams completions)
+            yield _event(shaper.chunk(delta, update.finish_reason))
             if finished:
                 done = True
                 if include_usage:
