@@ -13,10 +13,11 @@ continuous-batching server with the per-replica rate lam = rate / n:
 
 The policy looks ahead by the startup delay: a least-squares trend of the arrival rate over the last
 forecastWindow seconds predicts the rate when a replica ordered now becomes ready; a short trend over
-the last trend_window seconds, trusted only when it predicts a rise above burst_rise, catches a burst
-at its first sample (a 2-minute startup leaves no time to wait for the long trend); a queue backlog adds
-num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits scaleDownDelay seconds
-(the highest recommendation of that window wins), like the HPA's stabilization.
+the last trend_window seconds, trusted only on a rise above burst_rise and well outside the long
+trend's noise, catches a burst at its first sample (a 2-minute startup leaves no time to wait for the
+long trend); a queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate;
+scale-down waits scaleDownDelay seconds (the highest recommendation of that window wins), like the
+HPA's stabilization.
 """
 
 from __future__ import annotations
@@ -153,6 +154,14 @@ def linear_forecast(samples: list[list[float]], at: float) -> float | None:
     return mv + slope * (at - mt)
 
 
+def spread(samples: list[list[float]]) -> float:
+    """Root-mean-square residual of [time, value] samples around their least-squares line."""
+    if len(samples) < 3:
+        return 0.0
+    res = [s[1] - (linear_forecast(samples, s[0]) or 0.0) for s in samples]
+    return math.sqrt(sum(r * r for r in res) / len(res))
+
+
 class SloModelPolicy(Policy):
     def __init__(
         self,
@@ -169,7 +178,8 @@ class SloModelPolicy(Policy):
         prompt_cv: float = 1.0,
         drain_seconds: float = 60.0,
         trend_window: float = 60.0,
-        burst_rise: float = 0.6,
+        burst_rise: float = 0.2,
+        burst_z: float = 4.0,
     ):
         if not slos:
             raise ValueError("spec.slo: the sloModel policy needs at least one SLO (ttft or tpot)")
@@ -184,6 +194,7 @@ class SloModelPolicy(Policy):
         self.startup_delay, self.margin, self.forecast_window = startup_delay, margin, forecast_window
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
         self.drain_seconds, self.trend_window, self.burst_rise = drain_seconds, trend_window, burst_rise
+        self.burst_z = burst_z
         self.rates: list[list[float]] = []  # [time, arrival rate]
         self.recs: list[list[float]] = []  # [time, recommendation]
 
@@ -198,9 +209,10 @@ class SloModelPolicy(Policy):
         """The arrival rate to provision for: now, or forecast at now + startup delay, plus backlog drain.
 
         Two trends: the long window follows the diurnal curve; the short one catches a burst. The
-        short trend is trusted only when it predicts a rise of more than burst_rise over the horizon:
-        on a steady load its slope is mostly noise. The horizon adds one polling interval, because the
-        observed rate is a trailing window average and lags the true one."""
+        short trend is trusted only when it predicts a rise of more than burst_rise over the horizon and
+        the rate now is burst_z residual spreads above the long trend: on a steady load a short slope
+        is mostly noise. The horizon adds one polling interval: the observed rate is a trailing window
+        average and lags the true one."""
         now, rate = obs.time, obs.arrival_rate or 0.0
         self.rates.append([now, rate])
         self.rates = [r for r in self.rates if r[0] > now - self.forecast_window]
@@ -208,7 +220,13 @@ class SloModelPolicy(Policy):
         ahead = linear_forecast(self.rates, now + self.startup_delay) or 0.0
         short = [r for r in self.rates if r[0] > now - self.trend_window - 1e-9]
         burst = linear_forecast(short, at) or 0.0
-        if burst > rate * (1.0 + self.burst_rise):
+        past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
+        base = linear_forecast(past, now)
+        if (
+            burst > rate * (1.0 + self.burst_rise)
+            and base is not None
+            and rate > base + self.burst_z * spread(past)
+        ):
             ahead = max(ahead, burst)
         rate = max(rate, ahead)
         return rate + (obs.num_waiting or 0.0) / self.drain_seconds

@@ -184,10 +184,11 @@ def test_backlog_adds_drain_rate():
         ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 13.8], True),  # a 3x burst starting: the short trend catches it
         ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 8.6], False),  # noise on a steady load: the long trend only
         ([8.0, 8.1, 8.2, 8.3, 8.4, 8.5, 8.6], False),  # a slow diurnal rise: the long trend only
+        ([8.0, 11.0, 6.0, 10.0, 6.0, 7.0, 10.5], False),  # a jump, but inside this noisy load's spread
     ],
 )
 def test_short_trend_scales_ahead_of_a_burst_only(rates, burst):
-    p = SloModelPolicy(SLOS, MODEL, startup_delay=120, polling_interval=30, trend_window=60, burst_rise=0.6)
+    p = SloModelPolicy(SLOS, MODEL, startup_delay=120, polling_interval=30, trend_window=60, burst_rise=0.2)
     for i, rate in enumerate(rates):
         lengths = dict(mean_prompt_tokens=1000, mean_output_tokens=200)
         got = p.demand(Observation(time=30 * i, current_replicas=3, arrival_rate=rate, **lengths))
@@ -198,6 +199,19 @@ def test_short_trend_scales_ahead_of_a_burst_only(rates, burst):
     if burst:
         assert got > 1.6 * rates[-1]  # provisioned for the burst two minutes ahead, not the rate now
     assert json.loads(json.dumps(p.state_dict())) == p.state_dict()
+
+
+def test_burst_gate_needs_the_rate_outside_the_long_trends_noise():
+    noisy = [8.0, 11.0, 6.0, 10.0, 6.0, 7.0, 10.5]
+    got = {}
+    for z in (0.0, 4.0):
+        p = SloModelPolicy(SLOS, MODEL, polling_interval=30, trend_window=60, burst_rise=0.2, burst_z=z)
+        for i, rate in enumerate(noisy):
+            lengths = dict(mean_prompt_tokens=1000, mean_output_tokens=200)
+            got[z] = p.demand(Observation(time=30 * i, current_replicas=3, arrival_rate=rate, **lengths))
+    short = linear_forecast([[30 * i, r] for i, r in enumerate(noisy)][-3:], 180 + 150)
+    assert got[0.0] == pytest.approx(short) and short > 1.2 * noisy[-1]  # the rise alone passes burst_rise
+    assert got[4.0] < got[0.0]  # ... but 10.5 is within 4 spreads of this load's trend: no burst
 
 
 # ---- KPA policy ------------------------------------------------------------------------------------
