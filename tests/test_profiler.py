@@ -91,7 +91,8 @@ def test_quick_profile_of_tiny(tmp_path):
         assert float(r["latency_min_ms"]) <= ms <= float(r["latency_max_ms"])
         assert n == int(r["prefill_tokens"]) + int(r["decode_seqs"])
         assert ctx == int(r["prefill_context"]) + int(r["decode_context"]) >= n
-    # more tokens in the same kind of step is never much cheaper (a factor 2 absorbs a busy machine)
+    # more tokens in the same kind of step is never much cheaper than a smaller one (a factor 2, and
+    # comparing with the cheapest smaller step, absorb a busy machine: load only ever slows a step)
     series = defaultdict(list)
     for r in rows:
         # prefill/mixed: same cached context (and decodes); decode: same KV length per sequence
@@ -101,7 +102,7 @@ def test_quick_profile_of_tiny(tmp_path):
     for key, points in series.items():
         points.sort()
         for i in range(1, len(points)):
-            assert points[i][1] > 0.5 * max(ms for _, ms in points[:i]), (key, points)
+            assert points[i][1] > 0.5 * min(ms for _, ms in points[:i]), (key, points)
     fresh = series[("prefill", "0", "0")]
     assert fresh[-1][1] > fresh[0][1]  # 256 tokens cost more than 16
     meta = json.loads(out.with_suffix(".json").read_text())
