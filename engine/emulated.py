@@ -40,13 +40,16 @@ class EmulatedRunner:
 
     latency: anything with step_ms(prefill_tokens, prefill_context, decode_seqs, decode_context,
     prefill_seqs) (simulator.latency.LatencyModel). sleep/clock are injectable so a replay can run
-    in virtual time. catch_up_s: Python work between back-to-back steps is taken out of the next
-    sleep, so a busy engine keeps the model's pace instead of model time plus overhead.
+    in virtual time. Back-to-back steps are timed from the previous step's deadline, not from when
+    the thread got round to the next one: Python work and late wake-ups on a busy machine are taken
+    out of the next sleep, so a busy engine keeps the model's pace. The server calls idle() when
+    the engine runs out of work, so the next step starts from its own start time; a lag of more
+    than max_lag_s (a stalled machine) is not caught up either.
     """
 
     def __init__(self, latency, *, num_kv_blocks: int, block_size: int = 16, max_model_len: int = 4096,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
-                 catch_up_s: float = 0.005):
+                 max_lag_s: float = 0.25):
         if num_kv_blocks < 1 or block_size < 1 or max_model_len < 2:
             raise ValueError(f"need num_kv_blocks >= 1, block_size >= 1, max_model_len >= 2; got "
                              f"{num_kv_blocks}, {block_size}, {max_model_len}")
@@ -56,7 +59,7 @@ class EmulatedRunner:
         self.tokenizer = ByteTokenizer(BOS, EOS, VOCAB)
         self.eos_token_ids = [EOS]
         self._filler = [self.tokenizer.offset + b for b in FILLER.encode()]
-        self._sleep, self._clock, self.catch_up_s = sleep, clock, catch_up_s
+        self._sleep, self._clock, self.max_lag_s = sleep, clock, max_lag_s
         self._deadline: float | None = None
         self.steps: list[tuple[tuple[int, ...], float]] = []  # (shape, predicted ms) when log_steps
         self.log_steps = False
@@ -68,7 +71,7 @@ class EmulatedRunner:
         if self.log_steps:
             self.steps.append((shape, ms))
         start = now
-        if self._deadline is not None and 0.0 <= now - self._deadline < self.catch_up_s:
+        if self._deadline is not None and now - self._deadline < self.max_lag_s:
             start = self._deadline
         self._deadline = start + ms / 1000.0
         wait = self._deadline - self._clock()
@@ -80,6 +83,10 @@ class EmulatedRunner:
 
     def release(self, request_id: str) -> None:
         pass
+
+    def idle(self) -> None:
+        """No work left: the next step starts whenever it is called, not at the last deadline."""
+        self._deadline = None
 
 
 def default_kv_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:

@@ -78,13 +78,14 @@ class AsyncEngine:
         if self.streams.pop(request_id, None) is not None:
             self._commands.put(("abort", request_id))
 
-    def _deliver(self, request_id: str, update: Update) -> None:
-        stream = self.streams.get(request_id)
-        if stream is None:
-            return
-        if update.finish_reason is not None:
-            del self.streams[request_id]
-        stream.put_nowait(update)
+    def _deliver(self, updates: list[tuple[str, Update]]) -> None:
+        for request_id, update in updates:
+            stream = self.streams.get(request_id)
+            if stream is None:
+                continue
+            if update.finish_reason is not None:
+                del self.streams[request_id]
+            stream.put_nowait(update)
 
     def _fail_all(self, message: str) -> None:
         for request_id, stream in list(self.streams.items()):
@@ -93,12 +94,14 @@ class AsyncEngine:
 
     # -- engine-thread side ----------------------------------------------------------------------
     def _send(self, request_id: str, update: Update) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, request_id, update)
+        self._loop.call_soon_threadsafe(self._deliver, [(request_id, update)])
 
     def _run(self) -> None:
         try:
             while True:
                 block = not self.engine.has_unfinished()
+                if block and hasattr(self.engine.runner, "idle"):  # the emulated runner's pacing
+                    self.engine.runner.idle()
                 if not self._handle_commands(block):
                     return
                 if self.engine.has_unfinished():
@@ -147,12 +150,15 @@ class AsyncEngine:
         advanced = self.engine.step()
         self.metrics.record_step(self.engine, advanced, self.engine.clock())
         self.num_waiting = len(self.engine.scheduler.waiting)
+        updates = []
         for seq in advanced:
             if seq.is_finished:  # metrics first: a client that got its answer may scrape at once
                 self.metrics.record_finished(seq)
-            self._send(seq.request_id, self._update(seq))
+            updates.append((seq.request_id, self._update(seq)))
             if seq.is_finished:
                 self.engine.pop_output(seq.request_id)
+        if updates:  # one wake-up of the event loop a step, not one a request
+            self._loop.call_soon_threadsafe(self._deliver, updates)
 
     def _update(self, seq: Sequence) -> Update:
         return Update(self.engine.output_text(seq), seq.num_prompt_tokens, seq.num_output_tokens,
