@@ -109,6 +109,11 @@ class VirtualClock:
 
 def load_latency_model(path: str):
     """simulator.latency is imported only here: the emulated path is the only user in engine/."""
-    from simulator.latency import LatencyModel
+    from pathlib import Path
 
+    from simulator.latency import LatencyModel, list_named
+
+    if not Path(path).is_file() and path not in list_named():
+        raise ValueError(f"--emulate {path}: no such latency-model file nor shipped model "
+                         f"(shipped: {', '.join(list_named())})")
     return LatencyModel.load(path)

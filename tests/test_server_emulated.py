@@ -211,3 +211,19 @@ def test_sigterm_drains_then_exits_0(drain_timeout, max_tokens):
     else:  # 400 tokens take ~12 s: cut at the 0.5 s drain timeout, and the process still exits 0
         assert not done and len(texts) < 100
         assert elapsed < 8
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--emulate", "nope.json"], "nope.json"),
+    (["--emulate", H100, "--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--emulate", H100, "--drain-timeout", "-1"], "--drain-timeout"),
+])
+def test_serve_cli_rejects_bad_options(argv, message):
+    import argparse
+
+    from engine import cli_serve
+
+    parser = argparse.ArgumentParser()
+    cli_serve.add_arguments(parser)
+    with pytest.raises(ValueError, match=message):
+        cli_serve.run(parser.parse_args(argv))
