@@ -30,7 +30,6 @@ class StepTimer:
         self.overhead_ps = int(round(overhead_ms * PS_PER_MS))
         self._decode: dict[int, tuple[int, int]] = {}
         self._mixed: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-        self._fast = _scalar_form(model)
 
     def coeffs(
         self, prefill_tokens: int, prefill_context: int, decode_seqs: int, prefill_seqs: int
@@ -49,64 +48,15 @@ class StepTimer:
         return c
 
     def _compute(self, pt: int, pc: int, ds: int, pseq: int) -> tuple[int, int]:
-        if self._fast is not None:
-            a, b = self._fast(pt, pc, ds, pseq)
-        else:
-            try:
-                a, b = self.model.decode_coeffs(pt, pc, ds, max(pseq, 1))
-            except TypeError:  # a model without the prefill_seqs argument
-                a, b = self.model.decode_coeffs(pt, pc, ds)
+        try:
+            a, b = self.model.decode_coeffs(pt, pc, ds, max(pseq, 1))
+        except TypeError:  # a model without the prefill_seqs argument
+            a, b = self.model.decode_coeffs(pt, pc, ds)
         return max(1, int(round(a * PS_PER_MS)) + self.overhead_ps), max(0, int(round(b * PS_PER_MS)))
 
     def step_ps(self, pt: int, pc: int, ds: int, dc: int, pseq: int = 1) -> int:
         a, b = self.coeffs(pt, pc, ds, pseq if pt else 0)
         return a + b * dc
-
-
-def _scalar_form(model):
-    """A plain-float copy of simulator.latency's physical form (numpy per call is ~75 us; this is ~1 us).
-    Returns None for a model of another form, which then goes through model.decode_coeffs."""
-    q = getattr(model, "params", None)
-    keys = (
-        "overhead_ms",
-        "prefill_fixed_ms",
-        "prefill_seq_ms",
-        "decode_seq_ms",
-        "gemm_floor_ms",
-        "prefill_token_ms",
-        "decode_token_ms",
-        "prefill_attn_ms",
-        "decode_kv_ms",
-        "roof_p",
-    )
-    if not isinstance(q, dict) or set(q) != set(keys) or not hasattr(model, "decode_coeffs_array"):
-        return None
-    ov, pf, ps_, dsq, floor, ptok, dtok, pattn, dkv, p = (float(q[k]) for k in keys)
-
-    def roof(x: float) -> float:
-        m = max(floor, x)
-        if m <= 0:
-            return 0.0
-        return m * ((floor / m) ** p + (x / m) ** p) ** (1.0 / p)
-
-    def coeffs(pt: int, pc: int, ds: int, pseq: int) -> tuple[float, float]:
-        a = ov + dsq * ds
-        x = dtok * ds
-        if pt > 0:
-            nseq = max(pseq, 1)
-            ctx = max(pc, pt)
-            a += pf + ps_ * nseq + pattn * (pt * (ctx - pt / 2.0) / nseq)
-            x += ptok * pt
-        a += roof(x)
-        return a, (dkv if ds > 0 else 0.0)
-
-    # guard: the copy must agree with the model itself, else fall back to the model
-    for shape in ((0, 0, 1, 0), (0, 0, 37, 0), (512, 512, 0, 1), (300, 4000, 12, 2), (8192, 9000, 200, 5)):
-        a1, b1 = coeffs(*shape)
-        a2, b2 = model.decode_coeffs(shape[0], shape[1], shape[2], max(shape[3], 1))
-        if not (math.isclose(a1, a2, rel_tol=1e-9, abs_tol=1e-12) and math.isclose(b1, b2, rel_tol=1e-9)):
-            return None
-    return coeffs
 
 
 def sum_steps(a: int, b: int, c0: int, seqs: int, k: int) -> int:
