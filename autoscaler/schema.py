@@ -226,6 +226,10 @@ POLICY = {
                 "maxBatchSeqs": {"type": "integer", "minimum": 1},
                 "promptCV": {"type": "number", "minimum": 0},
                 "drainSeconds": {"type": "number", "exclusiveMinimum": 0},
+                # the short burst trend: its window, the rise it must predict, the noise gate
+                "trendWindowSeconds": {"type": "number", "exclusiveMinimum": 0},
+                "burstRise": {"type": "number", "minimum": 0},
+                "burstZ": {"type": "number", "minimum": 0},
             },
         },
         "kpa": {

@@ -231,6 +231,9 @@ def make_policy(spec: Spec, latency_model: StepTimeModel | None = None) -> Polic
             max_batch_seqs=o.get("maxBatchSeqs", 256),
             prompt_cv=o.get("promptCV", 1.0),
             drain_seconds=o.get("drainSeconds", 60.0),
+            trend_window=o.get("trendWindowSeconds", 60.0),
+            burst_rise=o.get("burstRise", 0.2),
+            burst_z=o.get("burstZ", 4.0),
             **common,
         )
     if spec.policy_type == "kpa":

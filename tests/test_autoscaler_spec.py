@@ -187,3 +187,41 @@ def test_examples_pass_the_crd_schema_too():
         doc = yaml.safe_load(p.read_text())
         if doc["kind"] == "InferenceAutoscaler":
             jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+class _Step:
+    def step_ms(self, prefill_tokens, prefill_context, decode_seqs, decode_context):
+        return 10.0 + 0.05 * prefill_tokens + 0.1 * decode_seqs
+
+
+@pytest.mark.parametrize(
+    "options, attrs",
+    [
+        ({}, {"trend_window": 60.0, "burst_rise": 0.2, "burst_z": 4.0, "drain_seconds": 60.0}),
+        (
+            {"trendWindowSeconds": 45, "burstRise": 0.5, "burstZ": 2.5, "drainSeconds": 30},
+            {"trend_window": 45, "burst_rise": 0.5, "burst_z": 2.5, "drain_seconds": 30},
+        ),
+        ({"burstZ": 0}, {"burst_z": 0}),
+    ],
+)
+def test_slo_model_burst_options_reach_the_policy(options, attrs):
+    ia = yaml.safe_load((EXAMPLES / "slo_model.yaml").read_text())
+    policy = make_policy(load_spec(with_(ia, "spec.policy.sloModel", options)), latency_model=_Step())
+    assert {k: getattr(policy, k) for k in attrs} == attrs
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("trendWindowSeconds", 0, "spec.policy.sloModel.trendWindowSeconds: must be > 0"),
+        ("burstRise", -0.1, "spec.policy.sloModel.burstRise: must be >= 0"),
+        ("burstZ", "4", "spec.policy.sloModel.burstZ: must be a number"),
+        ("burstSigma", 3, "spec.policy.sloModel: unknown field 'burstSigma'"),
+    ],
+)
+def test_slo_model_burst_options_are_checked(field, value, message):
+    ia = yaml.safe_load((EXAMPLES / "slo_model.yaml").read_text())
+    with pytest.raises(ValueError) as err:
+        load_spec(with_(ia, f"spec.policy.sloModel.{field}", value))
+    assert message in str(err.value)
