@@ -38,6 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "free GPU memory on cuda, a quarter of RAM on cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice); 1 is steadiest on a busy machine")
+    live = parser.add_argument_group("serving-run profile (--from-run)")
+    live.add_argument("--from-run", action="store_true",
+                      help="instead of the grid, time every step of a Poisson serving run through "
+                      "LLM.generate (real arrival times); also measures the wake-up of an idle engine")
+    live.add_argument("--requests", type=int, default=300, help="requests in the run (default 300)")
+    live.add_argument("--rate", type=float, default=10.0, help="arrivals per second (default 10)")
+    live.add_argument("--prompt-tokens", default="32-256",
+                      help="uniform prompt lengths LO-HI (default 32-256)")
+    live.add_argument("--output-tokens", default="8-64", help="uniform output lengths LO-HI (default 8-64)")
+    live.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                      help="the engine's token budget a step (default 2048)")
     parser.add_argument("--note", default=None, help="free text for the metadata (e.g. machine conditions)")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -50,6 +61,16 @@ def _ints(text: str, flag: str) -> list[int]:
     if not values or min(values) < 0:
         raise ValueError(f"{flag}: {text!r} needs non-negative integers")
     return values
+
+
+def _range(text: str, flag: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in text.split("-"))
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a range LO-HI of integers") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{flag}: {text!r} needs 1 <= LO <= HI")
+    return lo, hi
 
 
 def device_slug(device: str) -> str:
@@ -141,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     started, load_before = time.time(), os.getloadavg()
     if args.max_num_seqs is None:
         args.max_num_seqs = 16 if args.quick else (256 if args.device == "cuda" else 64)
+    if args.from_run:
+        return run_live(args, started, load_before)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
     if args.max_num_seqs < 1 or args.repeats < 1 or args.block_size < 1:
@@ -197,4 +220,41 @@ def run(args: argparse.Namespace) -> int:
     meta["left_out_for_memory"] = [vars(s) for s in left_out]
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {len(rows)} rows to {out} (metadata: {out.with_suffix('.json')})")
+    return 0
+
+
+def run_live(args: argparse.Namespace, started: float, load_before: tuple) -> int:
+    """--from-run: a profile of the steps of a serving run (engine.live_profile)."""
+    from engine.live_profile import LoadSpec, live_profile
+    from engine.llm import LLM
+    from engine.profiler import CSV_COLUMNS
+
+    spec = LoadSpec(args.requests, args.rate, _range(args.prompt_tokens, "--prompt-tokens"),
+                    _range(args.output_tokens, "--output-tokens"), args.seed)
+    if args.max_num_batched_tokens < 1 or args.block_size < 1:
+        raise ValueError("--max-num-batched-tokens and --block-size must be >= 1")
+    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              block_size=args.block_size, device=args.device, dtype=args.dtype,
+              attention_backend=args.attention_backend, seed=args.seed)
+    runner = llm.engine.runner
+    args.device_name = args.device_name or device_slug(args.device)
+    dtype = str(runner.dtype).split(".")[-1]
+    print(f"serving {spec.requests} requests at {spec.rate:g}/s on {args.model} ({args.device}, {dtype})")
+    prof = live_profile(llm, spec, device_name=args.device_name, model_name=runner.config.name, dtype=dtype,
+                        progress=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(prof.rows)
+    meta = metadata(runner, args, len(prof.rows), started, load_before)
+    meta["engine"].update(max_num_batched_tokens=args.max_num_batched_tokens, repeats=1, warmup=0,
+                          statistic="one row a step", timing="time.perf_counter around LLMEngine.step")
+    meta["from_run"] = {"load": asdict(spec), "wakeup_ms": prof.wakeup_ms,
+                        "idle_arrivals": prof.idle_arrivals}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    wake = "n/a" if prof.wakeup_ms is None else f"{prof.wakeup_ms:.3f} ms"
+    print(f"wrote {len(prof.rows)} step rows to {out} (metadata: {out.with_suffix('.json')}); "
+          f"idle wake-up {wake} (median of {prof.idle_arrivals} arrivals at an idle engine)")
     return 0

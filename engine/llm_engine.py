@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from engine.core.batch_shape import BatchShape, batch_shape
 from engine.core.block_manager import BlockManager, cdiv
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected, Scheduler
@@ -51,6 +52,9 @@ class LLMEngine:
         self.clock = clock
         self.seqs: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}
+        # set to a list to record (shape, seconds) of every step, scheduling and bookkeeping included
+        # (`slopilot profile --from-run` calibrates the simulator on these)
+        self.step_log: list[tuple[BatchShape, float]] | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -75,9 +79,11 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Runs one batch; returns the sequences that got a token or finished in it."""
-        out = self.scheduler.schedule(self.clock())
+        started = self.clock()
+        out = self.scheduler.schedule(started)
         if not out.seqs:
             return []
+        shape = batch_shape(out.seqs, out.num_new_tokens) if self.step_log is not None else None
         sampled = self.runner.execute(out.seqs, out.num_new_tokens)
         now = self.clock()
         finished = self.scheduler.update(out, sampled, now)
@@ -88,6 +94,8 @@ class LLMEngine:
                 finished.append(seq)
         for seq in finished:
             self.runner.release(seq.request_id)
+        if shape is not None:
+            self.step_log.append((shape, self.clock() - started))
         return advanced
 
     def _hit_stop_string(self, seq: Sequence) -> bool:

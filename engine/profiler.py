@@ -14,6 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from engine.core.batch_shape import BatchShape
 from engine.core.sequence import Sequence
 
 CSV_COLUMNS = ["device", "model", "dtype", "tp", "phase", "batch_size", "num_tokens", "context_tokens",
@@ -185,16 +186,26 @@ def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_nam
     for shape in shapes:
         seqs, news = build_step(shape, pool, runner.block_size, runner.config.vocab_size, rng)
         times = time_step(runner, seqs, news, repeats, warmup)
-        rows.append({
-            "device": device_name, "model": model_name, "dtype": dtype, "tp": 1, "phase": shape.phase,
-            "batch_size": shape.batch_size, "num_tokens": shape.num_tokens,
-            "context_tokens": shape.context_tokens, "latency_ms": round(statistics.median(times), 4),
-            "prefill_tokens": shape.prefill_tokens, "prefill_context": shape.prefill_context,
-            "prefill_seqs": 1 if shape.prefill_tokens else 0, "cached_tokens": shape.cached_tokens,
-            "decode_seqs": shape.decode_seqs, "decode_context": shape.decode_seqs * shape.decode_len,
-            "repeats": repeats, "latency_min_ms": round(min(times), 4),
-            "latency_max_ms": round(max(times), 4),
-        })
+        batch = BatchShape(shape.prefill_tokens, shape.prefill_context, 1 if shape.prefill_tokens else 0,
+                           shape.cached_tokens, shape.decode_seqs, shape.decode_seqs * shape.decode_len)
+        rows.append(step_row(batch, times, device_name=device_name, model_name=model_name, dtype=dtype))
         if on_row is not None:
             on_row(rows[-1])
     return rows
+
+
+def step_row(shape: BatchShape, times_ms: list[float], *, device_name: str, model_name: str,
+             dtype: str) -> dict:
+    """One profile CSV row: the step's shape and the median of its timings."""
+    return {
+        "device": device_name, "model": model_name, "dtype": dtype, "tp": 1, "phase": shape.phase,
+        "batch_size": shape.prefill_seqs + shape.decode_seqs,
+        "num_tokens": shape.prefill_tokens + shape.decode_seqs,
+        "context_tokens": shape.prefill_context + shape.decode_context,
+        "latency_ms": round(statistics.median(times_ms), 4),
+        "prefill_tokens": shape.prefill_tokens, "prefill_context": shape.prefill_context,
+        "prefill_seqs": shape.prefill_seqs, "cached_tokens": shape.cached_tokens,
+        "decode_seqs": shape.decode_seqs, "decode_context": shape.decode_context,
+        "repeats": len(times_ms), "latency_min_ms": round(min(times_ms), 4),
+        "latency_max_ms": round(max(times_ms), 4),
+    }

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refit-all", action="store_true",
                    help="after measuring the hold-out, refit on every row "
                    "(the provenance keeps the held-out error)")
+    p.add_argument("--match-mean", action="store_true",
+                   help="scale the fit so its total step time equals the profile's (for a profile of a "
+                   "serving run, `slopilot profile --from-run`: a simulated run adds up mean steps)")
     p.add_argument("--plot", type=Path, help="residual plot PNG (default: MODEL.residuals.png)")
     p.add_argument("--no-plot", action="store_true")
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         prof = prof.subset(evaluate_where(args.select, prof))
         if len(prof) == 0:
             raise ValueError(f"--select {args.select!r} matches no row of {args.profile}")
-    model, heldout, mask = calibrate(prof, args.holdout_where, args.holdout_frac, args.seed, args.refit_all)
+    model, heldout, mask = calibrate(prof, args.holdout_where, args.holdout_frac, args.seed, args.refit_all,
+                                     args.match_mean)
     if args.select:
         model.provenance["select"] = args.select
     model.save(args.output)
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         from simulator.latency.plot import residual_plot
 
         plot = args.plot or args.output.with_suffix(".residuals.png")
-        shown = fit(prof.subset(~mask)) if args.refit_all else model  # the fit the hold-out measured
+        # the fit the hold-out measured
+        shown = fit(prof.subset(~mask), args.match_mean) if args.refit_all else model
         residual_plot(plot, shown, prof, mask)
         print(f"wrote {plot}")
     return 0

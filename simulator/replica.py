@@ -44,6 +44,7 @@ class Replica:
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
         self._ff: tuple | None = None  # the stretch in progress: (t0, a, b, c0, num_seqs, steps, seqs)
+        self.wakeup_ps = int(round(spec.wakeup_ms * 1e9))
         self.proc: simpy.Process | None = None
 
     # -- what the router and the metrics see (ReplicaView) ---------------------------------------
@@ -147,6 +148,8 @@ class Replica:
         self._wake = self.env.event()
         try:
             yield self._wake
+            if self.wakeup_ps and self.sched.has_unfinished():  # arrivals meanwhile join the first step
+                yield self.env.timeout(self.wakeup_ps)
         except simpy.Interrupt:
             return False  # failed while idle
         self._wake = None

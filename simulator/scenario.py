@@ -102,6 +102,7 @@ class PoolSpec:
     startup_delay: Dist = field(default_factory=lambda: Dist("constant", {"value": 0.0}))
     cost_per_hour: float = 0.0
     step_overhead_ms: float = 0.0  # engine time per step outside the model (scheduling, output handling)
+    wakeup_ms: float = 0.0  # from an arrival at an idle replica to its first step (the loop's wake-up)
     failure: FailureSpec | None = None
     autoscaler: dict | None = None
 
@@ -364,6 +365,7 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
             "startup_delay",
             "cost_per_hour",
             "step_overhead_ms",
+            "wakeup_ms",
             "failure",
             "autoscaler",
         },
@@ -423,6 +425,7 @@ def _pool(p, where: str, base: Path, default_autoscaler) -> PoolSpec:
         startup_delay=parse_dist(p.get("startup_delay", 0.0), f"{where}.startup_delay"),
         cost_per_hour=_num(p, "cost_per_hour", where, 0.0),
         step_overhead_ms=_num(p, "step_overhead_ms", where, 0.0),
+        wakeup_ms=_num(p, "wakeup_ms", where, 0.0),
         failure=failure,
         autoscaler=autoscaler,
     )

@@ -1,15 +1,21 @@
 """Fidelity against the real engine: the `tiny` model on CPU serves a Poisson workload through
-LLM.generate with real arrival times; the simulator, calibrated on the same model's CPU profile and
+LLM.generate with real arrival times; the simulator, calibrated on the same model's profile and
 given the same arrivals and lengths, must match the median TTFT, TPOT and E2E within 10% and the
 p90 within 15%.
 
-The profile is taken here, on this machine, just before the engine run (`slopilot profile`, a few
-seconds for tiny), then fitted with simulator.latency: a profile from another machine or another
-moment of a shared machine's load would be a different engine.
+The profile is taken here, on this machine, just before the engine run: a profile from another
+machine or another moment of a shared machine's load would be a different engine. It is a serving
+profile (`slopilot profile --from-run`): every step of a separate calibration run (another seed,
+a wider length mix) timed whole, fitted with the mean matched (`calibrate --match-mean`), plus the
+idle engine's measured wake-up. Steps timed in isolation miss what a serving loop pays (shapes that
+change every step, cold caches after an idle gap, the loop's bookkeeping); see docs/benchmarks.md.
 
-Wall-clock measurements on a shared machine are noisy: the full check (300 requests) is marked slow;
-the short variant (100 requests) is a smoke check of the pipeline (medians within a factor of 3).
+Both runs use one torch thread (steadiest on a shared machine). The full check (300 requests) is
+marked slow; the short variant (120 requests) runs in `make test` with wider bounds, since its
+percentiles rest on fewer requests.
 """
+
+import json
 
 import numpy as np
 import pytest
@@ -27,78 +33,45 @@ def _workload(n: int, rate: float, seed: int = 0):
     return arrivals, prompt, output
 
 
+def _prompts(lengths, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, 256, p)] for p in lengths]
+
+
 def _engine_run(arrivals, prompt, output):
-    pytest.importorskip("torch")
     from engine.core.sampling_params import SamplingParams
     from engine.llm import LLM
 
     llm = LLM("tiny", **ENGINE)
-    rng = np.random.default_rng(1)
-    vocab = min(llm.tokenizer.vocab_size if hasattr(llm.tokenizer, "vocab_size") else 256, 256)
-    prompts = [[int(t) for t in rng.integers(3, vocab, p)] for p in prompt]
     params = [SamplingParams(temperature=0.0, max_tokens=int(o), ignore_eos=True) for o in output]
-    llm.generate(prompts[:4], params[:4])  # warm up (first calls allocate)
-    overhead_ms = _step_overhead_ms(llm, prompts[:24], params[:24])
-    outs = llm.generate(prompts, params, arrival_times=list(arrivals))
+    llm.generate(_prompts(prompt[:8], seed=2), params[:8])  # warm up on other prompts (no cache hits)
+    outs = llm.generate(_prompts(prompt, seed=1), params, arrival_times=list(arrivals))
     ttft = np.array([o.metrics.ttft for o in outs])
     e2e = np.array([o.metrics.e2e for o in outs])
     gen = np.array([len(o.token_ids) for o in outs])
     assert (gen == output).all()
     tpot = (e2e - ttft) / np.maximum(gen - 1, 1)
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}, overhead_ms
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 
-def _step_overhead_ms(llm, prompts, params) -> float:
-    """The engine's time per step outside ModelRunner.execute (what the profile times): scheduling,
-    bookkeeping, the generate loop. Measured on a separate warm-up batch, not the test workload."""
-    import time
-
-    runner, inner, spent, steps = llm.engine.runner, llm.engine.runner.execute, [0.0], [0]
-
-    def timed(*a, **k):
-        t = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            spent[0] += time.perf_counter() - t
-            steps[0] += 1
-
-    runner.execute = timed
-    try:
-        t = time.perf_counter()
-        llm.generate(prompts, params)
-        total = time.perf_counter() - t
-    finally:
-        runner.execute = inner
-    return max(0.0, (total - spent[0]) / steps[0] * 1000)
-
-
-def _calibrate(tmp_path):
+def _calibrate(tmp_path, requests: int):
+    """A serving profile of a calibration run (seed 11, prompts 32-256, outputs 8-64), fitted."""
     from simulator.latency.fit import fit
     from simulator.latency.profile import read_profile
     from slopilot.cli import main
 
-    csv_path = tmp_path / "tiny.csv"
-    assert (
-        main(
-            [
-                "profile",
-                "--model",
-                "tiny",
-                "--out",
-                str(csv_path),
-                "--max-num-seqs",
-                str(ENGINE["max_num_seqs"]),
-                "--block-size",
-                str(ENGINE["block_size"]),
-            ]
-        )
-        == 0
-    )
-    return fit(read_profile(csv_path))
+    csv_path = tmp_path / "tiny-serving.csv"
+    argv = ["profile", "--from-run", "--model", "tiny", "--out", str(csv_path), "--threads", "1",
+            "--requests", str(requests), "--rate", str(RATE), "--prompt-tokens", "32-256",
+            "--output-tokens", "8-64", "--seed", "11", "--max-num-seqs", str(ENGINE["max_num_seqs"]),
+            "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
+            "--block-size", str(ENGINE["block_size"])]
+    assert main(argv) == 0
+    wakeup_ms = json.loads(csv_path.with_suffix(".json").read_text())["from_run"]["wakeup_ms"]
+    return fit(read_profile(csv_path), match_mean=True), wakeup_ms or 0.0
 
 
-def _sim_run(arrivals, prompt, output, model, overhead_ms: float):
+def _sim_run(arrivals, prompt, output, model, wakeup_ms: float):
     from simulator.run import simulate
     from simulator.scenario import load_scenario
     from simulator.workload import Workload
@@ -111,7 +84,7 @@ def _sim_run(arrivals, prompt, output, model, overhead_ms: float):
                 {
                     "name": "cpu",
                     "latency_model": "calibrated",
-                    "step_overhead_ms": overhead_ms,
+                    "wakeup_ms": wakeup_ms,
                     "replicas": 1,
                     "max_num_seqs": ENGINE["max_num_seqs"],
                     "max_num_batched_tokens": ENGINE["max_num_batched_tokens"],
@@ -135,39 +108,37 @@ def _sim_run(arrivals, prompt, output, model, overhead_ms: float):
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 
-def _compare(tmp_path, n: int, rate: float, check_p90: bool, p50_tol: float = 0.10):
-    pytest.importorskip("torch")
-    arrivals, prompt, output = _workload(n, rate)
-    model = _calibrate(tmp_path)
-    real, overhead_ms = _engine_run(arrivals, prompt, output)
-    sim = _sim_run(arrivals, prompt, output, model, overhead_ms)
-    print(f"engine overhead outside the model: {overhead_ms:.2f} ms a step")
+@pytest.fixture
+def one_thread():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _compare(tmp_path, n: int, p50_tol: float, p90_tol: float) -> dict:
+    arrivals, prompt, output = _workload(n, RATE)
+    model, wakeup_ms = _calibrate(tmp_path, requests=n)
+    real = _engine_run(arrivals, prompt, output)
+    sim = _sim_run(arrivals, prompt, output, model, wakeup_ms)
     report = {}
     for k in ("ttft", "tpot", "e2e"):
         for q in (50, 90):
             r, s = np.percentile(real[k], q), np.percentile(sim[k], q)
             report[f"{k} p{q}"] = (r, s, s / r - 1)
-    print(
-        "\n".join(
-            f"{k}: engine {r * 1000:.1f} ms, sim {s * 1000:.1f} ms ({100 * e:+.1f}%)"
-            for k, (r, s, e) in report.items()
-        )
-    )
+    print(f"idle wake-up {wakeup_ms:.3f} ms")
+    print("\n".join(f"{k}: engine {r * 1000:.2f} ms, sim {s * 1000:.2f} ms ({100 * e:+.1f}%)"
+                    for k, (r, s, e) in report.items()))
     for k, (r, s, e) in report.items():
-        if k.endswith("p50"):
-            assert abs(e) <= p50_tol if p50_tol < 1 else 1 / p50_tol <= s / r <= p50_tol, (k, report)
-        elif check_p90:
-            assert abs(e) <= 0.15, (k, report)
+        assert abs(e) <= (p50_tol if k.endswith("p50") else p90_tol), (k, report)
     return report
 
 
 @pytest.mark.slow
-def test_fidelity_tiny_cpu_300_requests(tmp_path):
-    _compare(tmp_path, 300, rate=RATE, check_p90=True)
+def test_fidelity_tiny_cpu_300_requests(tmp_path, one_thread):
+    _compare(tmp_path, 300, p50_tol=0.10, p90_tol=0.15)
 
 
-def test_fidelity_tiny_cpu_short(tmp_path):
-    # a smoke check of the whole pipeline (profile -> fit -> simulate vs engine): medians within a
-    # factor of 3, robust to other jobs on a shared machine slowing the wall-clock engine run down;
-    # the 10%/15% targets are the slow test's
-    _compare(tmp_path, 100, rate=RATE, check_p90=False, p50_tol=3.0)
+def test_fidelity_tiny_cpu_short(tmp_path, one_thread):
+    _compare(tmp_path, 120, p50_tol=0.20, p90_tol=0.30)

@@ -96,7 +96,7 @@ class _Layout:
         return lo, hi
 
 
-def fit(profile: Profile) -> LatencyModel:
+def fit(profile: Profile, match_mean: bool = False) -> LatencyModel:
     """Fit one model to the rows of a single (device, model, dtype, tp) group."""
     groups = profile.groups()
     if len(groups) != 1:
@@ -133,7 +133,29 @@ def fit(profile: Profile) -> LatencyModel:
         "max_num_tokens": int(profile.num["num_tokens"].max()),
         "max_context_tokens": int(profile.num["context_tokens"].max()),
     }
-    return LatencyModel(*key, layout.params(full(best.x)), fit_range=fit_range)
+    params = layout.params(full(best.x))
+    if match_mean:
+        params = scale_params(params, mean_scale(LatencyModel(*key, params), profile))
+    return LatencyModel(*key, params, fit_range=fit_range)
+
+
+def mean_scale(model: LatencyModel, profile: Profile) -> float:
+    """Measured over predicted total step time of the rows.
+
+    The robust fit follows the typical step; a run of many steps adds up their mean, which noise
+    (stragglers, cold caches) pushes above the typical one. Scaling every coefficient by this factor
+    makes the model's total equal the measured total, so a simulated run keeps the engine's pace."""
+    predicted = float(np.sum(model.predict_profile(profile)))
+    return float(np.sum(profile.num["latency_ms"])) / predicted if predicted > 0 else 1.0
+
+
+def scale_params(params: dict, factor: float) -> dict:
+    """Every millisecond coefficient times factor (the step time is linear in them)."""
+    out = dict(params)
+    for k, v in params.items():
+        if k.endswith("_ms"):
+            out[k] = [x * factor for x in v] if isinstance(v, list) else v * factor
+    return out
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -180,7 +202,7 @@ def holdout_mask(profile: Profile, where: str | None = None, frac: float = 0.2, 
 
 
 def calibrate(profile: Profile, where: str | None = None, frac: float = 0.2, seed: int = 0,
-              refit_all: bool = False) -> tuple[LatencyModel, dict, np.ndarray]:
+              refit_all: bool = False, match_mean: bool = False) -> tuple[LatencyModel, dict, np.ndarray]:
     """Fit on the training rows, measure the held-out rows; returns (model, errors, holdout mask).
 
     With refit_all the returned model is refitted on every row (its provenance keeps the held-out
@@ -189,13 +211,15 @@ def calibrate(profile: Profile, where: str | None = None, frac: float = 0.2, see
     train, test = profile.subset(~mask), profile.subset(mask)
     if len(train) == 0:
         raise ValueError("the hold-out selects every row: nothing left to train on")
-    model = fit(train)
+    model = fit(train, match_mean)
     heldout = errors(model, test) if len(test) else {}
     train_err = errors(model, train)
     if refit_all and len(test):
-        model = fit(profile)
+        model = fit(profile, match_mean)
     n_train = int((~mask).sum())
     model.provenance = provenance(profile, where, frac, seed, n_train, heldout, train_err, refit_all)
+    if match_mean:
+        model.provenance["match_mean"] = True
     return model, heldout, mask
 
 
