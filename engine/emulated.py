@@ -11,28 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from engine.core.batch_shape import batch_shape
 from engine.core.block_manager import cdiv
 from engine.core.sequence import Sequence
 from engine.model.tokenizer import ByteTokenizer
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
 BOS, EOS, VOCAB = 256, 257, 512  # the byte tokenizer's ids, as in the tiny preset
-
-
-def step_shape(seqs: list[Sequence], num_new_tokens: list[int]) -> tuple[int, int, int, int, int]:
-    """(prefill tokens, prefill context, decode seqs, decode context, prefill seqs) of a batch,
-    computed before the step from each seq's computed tokens, as SchedulerOutput.shape() does."""
-    pt = pc = ds = dc = ps = 0
-    for seq, n in zip(seqs, num_new_tokens):
-        done = seq.num_computed_tokens
-        if n == 1 and done >= seq.num_prompt_tokens:
-            ds += 1
-            dc += done + 1
-        else:
-            pt += n
-            pc += done + n
-            ps += 1
-    return pt, pc, ds, dc, ps
 
 
 class EmulatedRunner:
@@ -66,7 +51,8 @@ class EmulatedRunner:
 
     def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> list[int | None]:
         now = self._clock()
-        shape = step_shape(seqs, num_new_tokens)
+        b = batch_shape(seqs, num_new_tokens)
+        shape = (b.prefill_tokens, b.prefill_context, b.decode_seqs, b.decode_context, b.prefill_seqs)
         ms = self.latency.step_ms(*shape)
         if self.log_steps:
             self.steps.append((shape, ms))

@@ -233,10 +233,12 @@ class Fleet:
 
     def _arrivals(self):
         env = self.env
+        hop = to_ps(self.sc.router.get("latency_ms", 0.0) / 1000)  # the same for all: order is kept
         for i in range(len(self.wl)):
             t = int(self.arrival_ps[i])
             if t >= self.end_ps and self.sc.duration is not None:
                 break
+            t += hop
             if t > env.now:
                 yield env.timeout(t - env.now)
             self.arrived += 1

@@ -479,7 +479,9 @@ def _autoscaler(a, where: str, base: Path) -> dict:
 
 
 def _router(r, where: str) -> dict:
-    r = _check_keys(r, where, {"policy", "weights", "prefix_lru_blocks", "kv_threshold", "queue_threshold"})
+    r = _check_keys(
+        r, where, {"policy", "weights", "prefix_lru_blocks", "kv_threshold", "queue_threshold", "latency_ms"}
+    )
     policy = _str(r, "policy", where, ROUTERS, "least_outstanding")
     weights = r.get("weights", {})
     from simulator.router import SCORERS
@@ -495,6 +497,9 @@ def _router(r, where: str) -> dict:
         "prefix_lru_blocks": _num(r, "prefix_lru_blocks", where, 100_000, lo=1, integer=True),
         "kv_threshold": _num(r, "kv_threshold", where, 0.95, strict=True),
         "queue_threshold": _num(r, "queue_threshold", where, 64, lo=0, integer=True),
+        # from a client's send to the request's arrival at a replica (network, gateway, HTTP parsing);
+        # part of every TTFT and E2E
+        "latency_ms": _num(r, "latency_ms", where, 0.0),
     }
 
 

@@ -15,11 +15,12 @@ import httpx
 import openai
 import pytest
 
+from engine.core.batch_shape import batch_shape
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.emulated import EmulatedRunner, VirtualClock, step_shape
+from engine.emulated import EmulatedRunner, VirtualClock
 from engine.llm_engine import LLMEngine
 from engine.server import BackgroundServer, build_engine, build_server
 from simulator.latency import LatencyModel
@@ -37,7 +38,8 @@ def test_step_shape_matches_the_scheduler():
     shapes = []
     while sched.has_unfinished():  # chunked prefills, then mixed and decode steps
         out = sched.schedule()
-        mine = step_shape(out.seqs, out.num_new_tokens)
+        b = batch_shape(out.seqs, out.num_new_tokens)
+        mine = (b.prefill_tokens, b.prefill_context, b.decode_seqs, b.decode_context, b.prefill_seqs)
         assert mine[:4] == out.shape()
         assert mine[4] == sum(1 for i in range(len(out)) if not out.is_decode(i))
         shapes.append(mine)

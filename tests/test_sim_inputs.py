@@ -35,6 +35,8 @@ def _with(path: str, value):
         ("pools.0.max_num_seqs", 2.5, "pools[0].max_num_seqs: must be an integer"),
         ("pools.0.colour", "red", "pools[0].colour: unknown key"),
         ("router", {"policy": "fastest"}, "router.policy: must be one of"),
+        ("router", {"latency_ms": -2}, "router.latency_ms: must be >= 0"),
+        ("pools.0.wakeup_ms", "1ms", "pools[0].wakeup_ms: must be a number"),
         ("workload.arrivals", {"rate": 1, "cv": 2}, "workload.arrivals.cv"),
         ("workload.prompt_tokens", {"dist": "zipf"}, "workload.prompt_tokens.dist: unknown distribution"),
         ("workload.output_tokens", {"dist": "lognormal", "mean": 10, "median": 20}, "mean >= median"),

@@ -118,3 +118,16 @@ def test_failures_retry_or_drop_in_flight_requests(on_failure):
     else:
         assert s["requests"]["failed"] > 0
         assert s["requests"]["ok"] + s["requests"]["failed"] == s["requests"]["arrived"]
+
+
+def test_router_latency_adds_to_every_request():
+    base = simulate(_sc(rate=0.05, duration=600), models={"stub": MODEL}, plots=False).fleet
+    hop = simulate(
+        _sc(rate=0.05, duration=600, router={"policy": "least_outstanding", "latency_ms": 7.5}),
+        models={"stub": MODEL},
+        plots=False,
+    ).fleet
+    # at this load every request finds the replica idle: each latency grows by exactly the hop
+    np.testing.assert_array_equal(hop.req_first_token - base.req_first_token, 7_500_000_000)
+    np.testing.assert_array_equal(hop.req_finish - base.req_finish, 7_500_000_000)
+    np.testing.assert_array_equal(hop.arrival_ps, base.arrival_ps)

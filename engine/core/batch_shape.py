@@ -3,7 +3,8 @@
 A sequence decodes in the step when it computes one token past its prompt; anything else (a fresh
 prompt, a chunk of one, a preempted sequence recomputing) is prefill. Contexts are counted after the
 step: a prefill chunk of t tokens on c cached ones attends over c + t, a decode over its whole KV.
-The simulator's replica uses the same convention in its hot loop.
+The scheduler's SchedulerOutput.shape() counts the same way (a test compares them), and so does
+the simulator's replica in its hot loop.
 """
 
 from __future__ import annotations
