@@ -230,6 +230,8 @@ POLICY = {
                 "trendWindowSeconds": {"type": "number", "exclusiveMinimum": 0},
                 "burstRise": {"type": "number", "minimum": 0},
                 "burstZ": {"type": "number", "minimum": 0},
+                "burstSlope": {"enum": ["trend", "last"]},
+                "dropOnFall": {"type": "boolean"},
             },
         },
         "kpa": {

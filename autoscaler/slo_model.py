@@ -15,9 +15,14 @@ The policy looks ahead by the startup delay: a least-squares trend of the arriva
 forecastWindow seconds predicts the rate when a replica ordered now becomes ready; a short trend over
 the last trend_window seconds, trusted only on a rise above burst_rise and well outside the long
 trend's noise, catches a burst at its first sample (a 2-minute startup leaves no time to wait for the
-long trend); a queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate;
-scale-down waits scaleDownDelay seconds (the highest recommendation of that window wins), like the
-HPA's stabilization.
+long trend). With burst_slope "last" the burst forecast is the larger of that trend and the last
+polling interval's slope: a trailing-window rate rises slowest at a burst's start, so a fit over older
+samples under-sizes the first order. With drop_on_fall, when the short trend falls and the rate is
+below the long trend's fit (a burst's tail, which the long window still extrapolates upward), the
+policy provisions for the rate now instead of ordering replicas that would start after the burst. A
+queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits
+scaleDownDelay seconds (the highest recommendation of that window wins), like the HPA's stabilization.
+Spec names: trendWindowSeconds, burstRise, burstZ, burstSlope, dropOnFall.
 """
 
 from __future__ import annotations
@@ -180,6 +185,8 @@ class SloModelPolicy(Policy):
         trend_window: float = 60.0,
         burst_rise: float = 0.2,
         burst_z: float = 4.0,
+        burst_slope: str = "trend",
+        drop_on_fall: bool = False,
     ):
         if not slos:
             raise ValueError("spec.slo: the sloModel policy needs at least one SLO (ttft or tpot)")
@@ -194,7 +201,9 @@ class SloModelPolicy(Policy):
         self.startup_delay, self.margin, self.forecast_window = startup_delay, margin, forecast_window
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
         self.drain_seconds, self.trend_window, self.burst_rise = drain_seconds, trend_window, burst_rise
-        self.burst_z = burst_z
+        if burst_slope not in ("trend", "last"):
+            raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend or last, not {burst_slope!r}")
+        self.burst_z, self.burst_slope, self.drop_on_fall = burst_z, burst_slope, drop_on_fall
         self.rates: list[list[float]] = []  # [time, arrival rate]
         self.recs: list[list[float]] = []  # [time, recommendation]
 
@@ -220,6 +229,10 @@ class SloModelPolicy(Policy):
         ahead = linear_forecast(self.rates, now + self.startup_delay) or 0.0
         short = [r for r in self.rates if r[0] > now - self.trend_window - 1e-9]
         burst = linear_forecast(short, at) or 0.0
+        if self.burst_slope == "last" and len(self.rates) >= 2:
+            (t0, r0), (t1, r1) = self.rates[-2], self.rates[-1]
+            if t1 > t0:
+                burst = max(burst, r1 + (r1 - r0) / (t1 - t0) * (at - t1))
         past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
         base = linear_forecast(past, now)
         if (
@@ -228,6 +241,10 @@ class SloModelPolicy(Policy):
             and rate > base + self.burst_z * spread(past)
         ):
             ahead = max(ahead, burst)
+        elif self.drop_on_fall and base is not None and rate < base and len(short) >= 3:
+            falling = (linear_forecast(short, now + 1.0) or 0.0) < (linear_forecast(short, now) or 0.0)
+            if falling:  # a burst's tail: the long trend still points up, the load is going down
+                ahead = min(ahead, rate)
         rate = max(rate, ahead)
         return rate + (obs.num_waiting or 0.0) / self.drain_seconds
 

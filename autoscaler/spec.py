@@ -234,6 +234,8 @@ def make_policy(spec: Spec, latency_model: StepTimeModel | None = None) -> Polic
             trend_window=o.get("trendWindowSeconds", 60.0),
             burst_rise=o.get("burstRise", 0.2),
             burst_z=o.get("burstZ", 4.0),
+            burst_slope=o.get("burstSlope", "trend"),
+            drop_on_fall=o.get("dropOnFall", False),
             **common,
         )
     if spec.policy_type == "kpa":

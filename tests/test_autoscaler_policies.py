@@ -214,6 +214,63 @@ def test_burst_gate_needs_the_rate_outside_the_long_trends_noise():
     assert got[4.0] < got[0.0]  # ... but 10.5 is within 4 spreads of this load's trend: no burst
 
 
+def _demand(p: SloModelPolicy, rates: list[float]) -> float:
+    lengths = dict(mean_prompt_tokens=1000, mean_output_tokens=200)
+    for i, rate in enumerate(rates):
+        got = p.demand(Observation(time=30 * i, current_replicas=3, arrival_rate=rate, **lengths))
+    return got
+
+
+@pytest.mark.parametrize(
+    "rates, slope, z, want",
+    [
+        # a burst's first rising sample: the last interval rises faster than the 60-s trend
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 13.8], "trend", 4.0, "short"),
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 13.8], "last", 4.0, "last"),
+        # later in the ramp the trend can be the steeper one: the larger forecast wins
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 12.0, 13.0], "last", 0.0, "short"),
+        # no burst (noise on a steady load): the slope choice changes nothing
+        ([8.0, 8.2, 7.9, 8.1, 8.0, 8.3, 8.6], "last", 4.0, "long"),
+    ],
+)
+def test_burst_slope_sizes_the_first_order(rates, slope, z, want):
+    p = SloModelPolicy(SLOS, MODEL, polling_interval=30, trend_window=60, burst_z=z, burst_slope=slope)
+    now, pts = 30 * (len(rates) - 1), [[30 * i, r] for i, r in enumerate(rates)]
+    at = now + 120 + 30  # startup delay plus one polling interval
+    expected = {
+        "short": linear_forecast(pts[-3:], at),
+        "last": rates[-1] + (rates[-1] - rates[-2]) / 30 * (at - now),
+        "long": max(rates[-1], linear_forecast(pts, now + 120)),
+    }[want]
+    assert _demand(p, rates) == pytest.approx(expected)
+
+
+def test_burst_slope_must_be_known():
+    with pytest.raises(ValueError, match="burstSlope: must be trend or last"):
+        SloModelPolicy(SLOS, MODEL, burst_slope="steep")
+
+
+@pytest.mark.parametrize(
+    "rates, drop, want",
+    [
+        # a burst's tail: the 5-min trend still points up while the load falls
+        ([2.0, 2.0, 2.0, 3.0, 4.5, 6.0, 6.0, 6.0, 6.0, 2.0], False, "long"),
+        ([2.0, 2.0, 2.0, 3.0, 4.5, 6.0, 6.0, 6.0, 6.0, 2.0], True, "now"),
+        # a rising load: nothing falls, the long trend's look-ahead stays
+        ([2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5], True, "long"),
+        # a dip above the long trend's fit is not a tail: the look-ahead stays
+        ([2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 7.0, 6.8], True, "long"),
+    ],
+)
+def test_drop_on_fall_provisions_for_the_rate_now(rates, drop, want):
+    p = SloModelPolicy(SLOS, MODEL, polling_interval=30, trend_window=60, drop_on_fall=drop)
+    now, pts = 30 * (len(rates) - 1), [[30 * i, r] for i, r in enumerate(rates)]
+    expected = rates[-1] if want == "now" else max(rates[-1], linear_forecast(pts, now + 120))
+    assert _demand(p, rates) == pytest.approx(expected)
+    if want == "now":
+        assert expected < linear_forecast(pts, now + 120)  # the long trend alone would over-order
+
+
 # ---- KPA policy ------------------------------------------------------------------------------------
 
 

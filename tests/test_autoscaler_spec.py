@@ -197,10 +197,34 @@ class _Step:
 @pytest.mark.parametrize(
     "options, attrs",
     [
-        ({}, {"trend_window": 60.0, "burst_rise": 0.2, "burst_z": 4.0, "drain_seconds": 60.0}),
         (
-            {"trendWindowSeconds": 45, "burstRise": 0.5, "burstZ": 2.5, "drainSeconds": 30},
-            {"trend_window": 45, "burst_rise": 0.5, "burst_z": 2.5, "drain_seconds": 30},
+            {},
+            {
+                "trend_window": 60.0,
+                "burst_rise": 0.2,
+                "burst_z": 4.0,
+                "drain_seconds": 60.0,
+                "burst_slope": "trend",
+                "drop_on_fall": False,
+            },
+        ),
+        (
+            {
+                "trendWindowSeconds": 45,
+                "burstRise": 0.5,
+                "burstZ": 2.5,
+                "drainSeconds": 30,
+                "burstSlope": "last",
+                "dropOnFall": True,
+            },
+            {
+                "trend_window": 45,
+                "burst_rise": 0.5,
+                "burst_z": 2.5,
+                "drain_seconds": 30,
+                "burst_slope": "last",
+                "drop_on_fall": True,
+            },
         ),
         ({"burstZ": 0}, {"burst_z": 0}),
     ],
@@ -218,6 +242,8 @@ def test_slo_model_burst_options_reach_the_policy(options, attrs):
         ("burstRise", -0.1, "spec.policy.sloModel.burstRise: must be >= 0"),
         ("burstZ", "4", "spec.policy.sloModel.burstZ: must be a number"),
         ("burstSigma", 3, "spec.policy.sloModel: unknown field 'burstSigma'"),
+        ("burstSlope", "steep", "spec.policy.sloModel.burstSlope: must be one of trend, last"),
+        ("dropOnFall", "yes", "spec.policy.sloModel.dropOnFall: must be true or false"),
     ],
 )
 def test_slo_model_burst_options_are_checked(field, value, message):
