@@ -11,7 +11,8 @@ idle engine's measured wake-up. Steps timed in isolation miss what a serving loo
 change every step, cold caches after an idle gap, the loop's bookkeeping); see docs/benchmarks.md.
 
 Both runs use one torch thread (steadiest on a shared machine). The full check (300 requests) is
-marked slow: wall-clock timing of 1-ms steps is at the mercy of other jobs on the same cores (with
+marked slow (three calibrate-then-serve pairs, the median error of each percentile over them,
+about three minutes): wall-clock timing of 1-ms steps is at the mercy of other jobs on the same cores (with
 two other busy processes the engine's steps ran 1.5-3x slower during the test run than during the
 calibration run a minute before). The short variant (120 requests) in `make test` is a smoke check
 of the whole pipeline: medians within 50%.
@@ -119,27 +120,32 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _compare(tmp_path, n: int, p50_tol: float, p90_tol: float) -> dict:
+def _compare(tmp_path, n: int, p50_tol: float, p90_tol: float, pairs: int = 1) -> dict:
+    """`pairs` times: calibrate, then run the engine and the simulator on the test workload; each
+    percentile's error is the median over the pairs (a shared machine's speed drifts between runs)."""
     arrivals, prompt, output = _workload(n, RATE)
-    model, wakeup_ms = _calibrate(tmp_path, requests=n)
-    real = _engine_run(arrivals, prompt, output)
-    sim = _sim_run(arrivals, prompt, output, model, wakeup_ms)
-    report = {}
-    for k in ("ttft", "tpot", "e2e"):
-        for q in (50, 90):
-            r, s = np.percentile(real[k], q), np.percentile(sim[k], q)
-            report[f"{k} p{q}"] = (r, s, s / r - 1)
-    print(f"idle wake-up {wakeup_ms:.3f} ms")
-    print("\n".join(f"{k}: engine {r * 1000:.2f} ms, sim {s * 1000:.2f} ms ({100 * e:+.1f}%)"
-                    for k, (r, s, e) in report.items()))
-    for k, (r, s, e) in report.items():
+    errors: dict[str, list[float]] = {}
+    for pair in range(pairs):
+        model, wakeup_ms = _calibrate(tmp_path / f"pair{pair}", requests=n)
+        real = _engine_run(arrivals, prompt, output)
+        sim = _sim_run(arrivals, prompt, output, model, wakeup_ms)
+        print(f"pair {pair}: idle wake-up {wakeup_ms:.3f} ms")
+        for k in ("ttft", "tpot", "e2e"):
+            for q in (50, 90):
+                r, s = np.percentile(real[k], q), np.percentile(sim[k], q)
+                e = s / r - 1
+                print(f"  {k} p{q}: engine {r * 1000:.2f} ms, sim {s * 1000:.2f} ms ({100 * e:+.1f}%)")
+                errors.setdefault(f"{k} p{q}", []).append(e)
+    report = {k: float(np.median(v)) for k, v in errors.items()}
+    print("median error over the pairs: " + ", ".join(f"{k} {100 * e:+.1f}%" for k, e in report.items()))
+    for k, e in report.items():
         assert abs(e) <= (p50_tol if k.endswith("p50") else p90_tol), (k, report)
     return report
 
 
 @pytest.mark.slow
 def test_fidelity_tiny_cpu_300_requests(tmp_path, one_thread):
-    _compare(tmp_path, 300, p50_tol=0.10, p90_tol=0.15)
+    _compare(tmp_path, 300, p50_tol=0.10, p90_tol=0.15, pairs=3)
 
 
 def test_fidelity_tiny_cpu_short(tmp_path, one_thread):
