@@ -11,7 +11,13 @@ billed while starting.
 All policies see the same workload (same seed). Attainment is reported two ways: the fraction of
 requests within both thresholds, and the fraction of 1-minute windows whose p90s meet both.
 
+With --bounds, reference rows that no policy can beat without seeing a burst coming: the reactive
+bound (the oracle's plan, blind to each burst until it is seen, then ordering the burst's peak at
+once, ready a startup delay later), when the burst is seen at its start and 30 s after it (the first
+15-s scrape, read at the next 15-s poll), and the 30-s bound on top of standing headroom x h.
+
     .venv/bin/python bench/policies.py [--hours 6] [--out out/bench_policies] [--plot docs/img/policies.png]
+        [--bounds] [--headroom 1.25 1.5 1.75 2]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simulator.report import request_table, slo_meets  # noqa: E402
 from simulator.run import build_workload, simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 
@@ -144,7 +151,11 @@ def policies(peak: int) -> dict[str, dict]:
             }
         },
         "llm-d ratio law": ia("ratio", {"type": "ratio", "ratio": {}}),
-        "model-based SLO headroom": ia("slo-model", {"type": "sloModel", "sloModel": {}}, polling=30),
+        "model-based SLO headroom": ia(
+            "slo-model",
+            {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True}},
+            polling=30,
+        ),
     }
 
 
@@ -187,9 +198,59 @@ def oracle(times: np.ndarray, hours: float, cap: float) -> tuple[np.ndarray, np.
     return need, billed
 
 
-def summarize(name: str, res, wall: float) -> dict:
+def plan_steps(per_minute, extra: list[tuple[float, float, int]] = ()) -> list[dict]:
+    """A schedule autoscaler's steps: per_minute[m] replicas from minute m, raised to n on each
+    [start, end) of `extra` (times in seconds)."""
+    edges = sorted({60.0 * m for m in range(len(per_minute))} | {t for a, b, _ in extra for t in (a, b)})
+    steps, last = [], None
+    for t in edges:
+        m = min(int(t // 60), len(per_minute) - 1)
+        n = max([int(per_minute[m])] + [k for a, b, k in extra if a <= t < b])
+        if n != last:
+            steps.append({"at": t, "replicas": n})
+            last = n
+    return steps
+
+
+def reactive_plan(need: np.ndarray, spikes: list[dict], detect: float, headroom: float = 1.0) -> list[dict]:
+    """The reactive bound: the oracle's per-minute plan (diurnal foresight, started 2 minutes ahead),
+    except that a burst is unknown until `detect` seconds after it starts. Until then the plan provisions
+    the level of the minute before the burst; at detection it orders the burst's peak need at once
+    (perfect sizing), ready a startup delay later, held until the burst ends. Any reactive policy that
+    sees the burst no earlier has at most this capacity when the burst arrives. With headroom h > 1 the
+    burst-blind plan is ceil(h x need): standing headroom that absorbs the start of a burst."""
+    blind = need.copy()
+    extra = []
+    for s in spikes:
+        m0, m1 = int(s["at"] // 60), int(math.ceil((s["at"] + s["duration"]) / 60))
+        blind[m0:m1] = need[m0 - 1]
+        extra.append((s["at"] + detect, s["at"] + s["duration"], int(need[m0:m1].max())))
+    lead = int(math.ceil(STARTUP / 60))
+    billed = np.array([blind[m : m + lead + 1].max() for m in range(len(blind))])
+    return plan_steps(np.ceil(billed * headroom - 1e-9), extra)
+
+
+def late_requests(res, bursts: list[tuple[float, float]]) -> tuple[int, int]:
+    """Requests that missed either threshold: all of them, and those arriving inside a burst window."""
+    fleet = res.fleet
+    req = request_table(fleet)
+    arrived = np.arange(len(req["id"])) < fleet.arrived
+    ok = np.ones(int(arrived.sum()), dtype=bool)
+    for slo in fleet.sc.slos:
+        ok &= slo_meets(req, slo, arrived)
+    t = req["arrival"][arrived]
+    inside = np.zeros(len(t), dtype=bool)
+    for a, b in bursts:
+        inside |= (t >= a) & (t < b)
+    return int((~ok).sum()), int((~ok & inside).sum())
+
+
+def summarize(name: str, res, wall: float, bursts: list[tuple[float, float]] = ()) -> dict:
     s = res.summary
+    late, late_in_bursts = late_requests(res, list(bursts))
     return {
+        "late": late,
+        "late_in_bursts": late_in_bursts,
         "policy": name,
         "attainment": s["slo_attainment_joint"],
         "window_attainment": s["slo_window_attainment"],
@@ -209,6 +270,12 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--out", default="out/bench_policies")
     ap.add_argument("--plot", default=None, help="also save the plot here (e.g. docs/img/policies.png)")
+    ap.add_argument(
+        "--bounds",
+        action="store_true",
+        help="also simulate the reactive bound and standing-headroom rows (about 3 more minutes)",
+    )
+    ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 1.75, 2.0])
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,41 +295,51 @@ def main() -> None:
         f"oracle lower bound {oracle_gpu_h:.1f} GPU-hours"
     )
 
-    rows = []
+    spikes = scenario(args.hours, {"fixed": 1})["workload"]["arrivals"]["spikes"]
+    bursts = [(sp["at"], sp["at"] + sp["duration"]) for sp in spikes]
+
+    def schedule_row(name: str, steps: list[dict], bound: bool = False) -> dict:
+        sc = scenario(args.hours, {"schedule": steps, "polling_interval": 5}, replicas=steps[0]["replicas"])
+        res, wall = run(sc, wl)
+        print(f"  {name}: done in {wall:.0f} s")
+        return dict(summarize(name, res, wall, bursts), bound=bound)
+
     # the oracle's plan, simulated: desired(m - 2) = need(m), so replicas are ready when needed
-    steps, last = [], None
-    for m in range(len(need)):
-        target = int(billed[m])
-        if target != last:
-            steps.append({"at": m * 60.0, "replicas": target})
-            last = target
-    res, wall = run(
-        scenario(args.hours, {"schedule": steps, "polling_interval": 10}, replicas=int(billed[0])), wl
-    )
-    r = summarize("oracle plan (simulated)", res, wall)
-    rows.append(r)
+    rows = [schedule_row("oracle plan (simulated)", plan_steps(billed))]
+    if args.bounds:
+        # 30 s = the first 15-s scrape after the burst starts, read at the next 15-s poll
+        for label, detect in (("at its start", 0.0), ("30 s after its start", 30.0)):
+            rows.append(
+                schedule_row(
+                    f"reactive bound (burst seen {label})", reactive_plan(need, spikes, detect), True
+                )
+            )
+        for h in args.headroom:
+            steps = reactive_plan(need, spikes, 30.0, h)
+            rows.append(schedule_row(f"reactive bound (30 s) + standing headroom x{h:g}", steps, True))
     for name, autoscaler in policies(peak).items():
         res, wall = run(
             scenario(args.hours, copy.deepcopy(autoscaler), replicas=4 if name != "static peak" else peak), wl
         )
-        rows.append(summarize(name, res, wall))
+        rows.append(summarize(name, res, wall, bursts))
         print(f"  {name}: done in {wall:.0f} s")
 
     print()
     header = (
         "| policy | attainment (requests) | attainment (1-min windows) | TTFT p90 (s) | TPOT p90 (ms) | "
-        "GPU-hours | x oracle bound | scale events |"
+        "GPU-hours | x oracle bound | scale events | late requests (in the bursts) |"
     )
     lines = [
         header,
-        "|---|---|---|---|---|---|---|---|",
-        f"| oracle lower bound | - | - | - | - | {oracle_gpu_h:.1f} | 1.00 | - |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| oracle lower bound | - | - | - | - | {oracle_gpu_h:.1f} | 1.00 | - | - |",
     ]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {100 * r['attainment']:.2f}% | {100 * r['window_attainment']:.1f}% | "
             f"{r['ttft_p90']:.2f} | {1000 * r['tpot_p90']:.0f} | {r['gpu_hours']:.1f} | "
-            f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} |"
+            f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} | "
+            f"{r['late']:,} ({r['late_in_bursts']:,}) |"
         )
     table = "\n".join(lines)
     print(table)
@@ -277,10 +354,11 @@ def main() -> None:
             indent=2,
         )
     )
-    plot(rows, need, billed, out / "policies.png")
+    shown = [r for r in rows if not r.get("bound")]
+    plot(shown, need, billed, out / "policies.png")
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(rows, need, billed, Path(args.plot))
+        plot(shown, need, billed, Path(args.plot))
     print(f"\nwrote {out}/table.md, results.json, policies.png")
 
 
