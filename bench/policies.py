@@ -156,6 +156,12 @@ def policies(peak: int) -> dict[str, dict]:
             {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True}},
             polling=30,
         ),
+        # the same with a wider margin (SLO targets x 0.45): standing headroom, against HPA's
+        "model-based SLO headroom, margin 0.55": ia(
+            "slo-model-wide",
+            {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True, "margin": 0.55}},
+            polling=30,
+        ),
     }
 
 
