@@ -6,7 +6,14 @@ import pytest
 from simulator.dists import parse_dist
 from simulator.scenario import load_scenario
 from simulator.tokens import prompt_token_ids
-from simulator.traces import compress_time, read_azure, read_generic_csv, read_mooncake, scale_rate
+from simulator.traces import (
+    compress_time,
+    read_azure,
+    read_burstgpt,
+    read_generic_csv,
+    read_mooncake,
+    scale_rate,
+)
 from simulator.workload import RateCurve, arrival_times
 
 BASE = {
@@ -98,6 +105,27 @@ def test_bad_trace_lines_name_file_and_line(tmp_path):
         read_generic_csv(g)
     tr = read_generic_csv(g, "t", "p", "o")
     assert list(tr.prompt) == [10] and tr.times[0] == 0.0
+
+
+def test_burstgpt_trace(tmp_path):
+    # BurstGPT's columns (its failed requests have 0 response tokens); times start at 0 once read
+    bg = tmp_path / "burst.csv"
+    bg.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,ChatGPT,1087,0,1087,Conversation log\n"
+        "46,GPT-4,233,141,374,API log\n"
+    )
+    tr = read_burstgpt(bg)
+    assert list(tr.times) == [0.0, 40.0, 41.0]
+    assert list(tr.prompt) == [472, 1087, 233]
+    assert tr.output[0] == 18 and tr.output[2] == 141
+    bg.write_text("Timestamp,Model,Request tokens,Response tokens\n5,ChatGPT,x,18\n")
+    with pytest.raises(ValueError, match=r"burst.csv:2: column 'Request tokens'"):
+        read_burstgpt(bg)
+    bg.write_text("Timestamp,Model,Request tokens\n5,ChatGPT,10\n")
+    with pytest.raises(ValueError, match=r"burst.csv:1: missing column"):
+        read_burstgpt(bg)
 
 
 def test_azure_and_mooncake_traces(shared_data):

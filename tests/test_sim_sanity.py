@@ -131,3 +131,53 @@ def test_router_latency_adds_to_every_request():
     np.testing.assert_array_equal(hop.req_first_token - base.req_first_token, 7_500_000_000)
     np.testing.assert_array_equal(hop.req_finish - base.req_finish, 7_500_000_000)
     np.testing.assert_array_equal(hop.arrival_ps, base.arrival_ps)
+
+
+def test_autoscaler_in_the_loop_polls_sees_the_step_and_waits_for_startup():
+    spec = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "running"},
+        "spec": {
+            "scaleTargetRef": {"name": "llm"},
+            "pollingInterval": 15,
+            "minReplicaCount": 1,
+            "maxReplicaCount": 10,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": "running",
+                    "metadata": {"query": "sum(vllm:num_requests_running)", "threshold": "4"},
+                }
+            ],
+        },
+    }
+    sc = _sc(
+        rate=None,
+        duration=900,
+        workload={
+            "arrivals": {"piecewise": [[0, 0.2], [300, 0.2], [301, 3.0], [900, 3.0]]},
+            "prompt_tokens": 500,
+            "output_tokens": 200,
+        },
+        pools=[
+            {
+                "name": "p",
+                "latency_model": "stub",
+                "replicas": 1,
+                "kv_blocks": 3000,
+                "startup_delay": 60,
+                "autoscaler": {"spec": spec},
+            }
+        ],
+        metrics={"scrape_interval": 15, "rate_window": 60},
+    )
+    pool = simulate(sc, models={"stub": MODEL}, plots=False).fleet.pools[0]
+    times = [t for t, _, _ in pool.decisions]
+    assert np.allclose(np.diff(times), 15.0)  # called at its polling interval
+    ups = [(t, a, b) for t, a, b in pool.scale_events if b > a]
+    assert ups, "the load step scales the pool up"
+    assert 300 < ups[0][0] <= 300 + 60  # after the step, once scrapes show it
+    started = [r for r in pool.replicas if r.created > 0]
+    assert started and all(r.ready_at is None or r.ready_at - r.created == 60 * 10**12 for r in started)
+    assert all(r.ready_at is not None for r in started if r.created < 800 * 10**12)
