@@ -1,4 +1,4 @@
-"""The one `slopilot` command. Subcommands live next to the code they drive and are imported
+"""The one `slopilot` command. Each subcommand is one module in slopilot/commands, imported
 lazily, so `slopilot --help` starts fast and never imports torch.
 
 Each subcommand module exposes HELP (one line), add_arguments(parser) and run(args) -> int.
@@ -15,16 +15,16 @@ DESCRIPTION = "slopilot: autoscaling control plane and SLO simulator for LLM inf
 
 # name -> module implementing it; a module that is not present is simply not listed.
 SUBCOMMANDS: dict[str, str] = {
-    "demo": "slopilot.demo",
-    "generate": "engine.cli_generate",
-    "profile": "engine.cli_profile",
-    "serve": "engine.cli_serve",
-    "calibrate": "simulator.cli_calibrate",
-    "predict": "simulator.cli_predict",
-    "convert": "simulator.cli_convert",
-    "simulate": "simulator.cli_simulate",
-    "replay": "autoscaler.cli_replay",
-    "export": "autoscaler.cli_export",
+    "demo": "slopilot.commands.demo",
+    "generate": "slopilot.commands.generate",
+    "profile": "slopilot.commands.profile",
+    "serve": "slopilot.commands.serve",
+    "calibrate": "slopilot.commands.calibrate",
+    "predict": "slopilot.commands.predict",
+    "convert": "slopilot.commands.convert",
+    "simulate": "slopilot.commands.simulate",
+    "replay": "slopilot.commands.replay",
+    "export": "slopilot.commands.export",
 }
 
 

@@ -71,7 +71,7 @@ def test_runner_sleeps_what_the_model_predicts():
 
 def test_emulated_server_imports_no_torch():
     code = ("import sys\n"
-            "import engine.cli_serve\n"
+            "import slopilot.commands.serve\n"
             "from engine.server import build_engine, build_server\n"
             f"e, n = build_engine(emulate={H100!r})\n"
             "build_server(e, n)\n"
@@ -85,7 +85,7 @@ def test_emulated_server_imports_no_torch():
 def test_simulator_never_imports_the_server_or_the_emulator():
     for path in (ROOT / "simulator").rglob("*.py"):
         text = path.read_text()
-        for banned in ("engine.server", "engine.emulated", "engine.cli_serve"):
+        for banned in ("engine.server", "engine.emulated", "slopilot.commands.serve"):
             assert banned not in text, f"{path} mentions {banned}"
 
 
@@ -223,7 +223,7 @@ def test_sigterm_drains_then_exits_0(drain_timeout, max_tokens):
 def test_serve_cli_rejects_bad_options(argv, message):
     import argparse
 
-    from engine import cli_serve
+    from slopilot.commands import serve as cli_serve
 
     parser = argparse.ArgumentParser()
     cli_serve.add_arguments(parser)
