@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 HELP = "simulate an hour of Azure-like conversation traffic on an H100 fleet and write the report"
-SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "azure_conv_h100.yaml"
+SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "azure_conv_h100.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

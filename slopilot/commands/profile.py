@@ -95,7 +95,7 @@ def _cpu_model() -> str:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
+                             cwd=Path(__file__).resolve().parents[2])
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
