@@ -92,7 +92,7 @@ def scale_child() -> None:
     f = Fleet(sc, wl)
     f.run()
     wall, cpu = time.perf_counter() - t, time.process_time() - c
-    ok = int((f.req_status == 1).sum())
+    ok = int((f.requests.status == 1).sum())
     print(
         json.dumps(
             {
@@ -134,7 +134,7 @@ def main() -> None:
         f"{statistics.median(times):.2f} s wall, {statistics.median(cpus):.2f} s CPU "
         f"(wall runs {', '.join(f'{t:.2f}' for t in times)}); target < 5 s"
     )
-    ok = int((fleet.req_status == 1).sum())
+    ok = int((fleet.requests.status == 1).sum())
     print(f"  {ok}/{len(wl)} requests ok")
 
     sub = azure_scenario(args.baseline_limit)
@@ -146,7 +146,8 @@ def main() -> None:
         fast_t.append(t1)
         slow_t.append(t2)
     same = all(
-        (getattr(f1, k) == getattr(f2, k)).all() for k in ("req_first_token", "req_finish", "req_first_sched")
+        (getattr(f1.requests, k) == getattr(f2.requests, k)).all()
+        for k in ("first_token", "finish", "first_sched")
     )
     slow_m, fast_m = statistics.median(slow_t), statistics.median(fast_t)
     print(

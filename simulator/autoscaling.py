@@ -1,79 +1,50 @@
-"""The autoscaler in the loop: scenario policies, and the Observation built from scraped metrics.
+"""The autoscaler in the loop: each pool's policy, the Observation it reads, and its simpy process.
 
-`fixed` and `schedule` policies live here (they need nothing from the autoscaler package); specs (a
-KEDA ScaledObject or an InferenceAutoscaler, from a file or inline) go through autoscaler.spec. The
-Observation is what Prometheus would answer at that moment: gauges from the last scrape, rates and
-histogram quantiles over the scenario's rate window, so metric lag is part of the simulation.
+Every policy is an `autoscaler` policy (fixed and schedule included) and every tick goes through
+autoscaler.reconcile, the step the live controller runs too; only the edges are the simulator's: the
+Observation is what Prometheus would answer at that moment (gauges from the last scrape, rates and
+histogram quantiles over the scenario's rate window, so metric lag is part of the simulation) and
+the target is the simulated pool.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.observation import Observation
+from autoscaler.policy import Policy
+from autoscaler.reconcile import reconcile
+from autoscaler.schedule import FixedPolicy, SchedulePolicy
 from simulator.metrics import LAYOUT, quantile_of
+from simulator.steptime import seconds, to_ps
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
 
-@dataclass(frozen=True)
-class SimpleDecision:
-    desired_replicas: int
-    active: bool
-    reason: str
+@dataclass
+class PoolPolicy:
+    """A pool's policy and what the simulator must answer for it."""
+
+    policy: Policy
+    triggers: list = field(default_factory=list)  # the spec's KEDA-style triggers
+    reads_metrics: bool = True  # fixed and schedule read only the clock and the replica count
 
 
-class FixedPolicy:
-    """Keeps the pool at a constant size."""
-
-    needs_observation = False
-
-    def __init__(self, replicas: int):
-        self.replicas = replicas
-        self.polling_interval = 3600.0
-
-    def decide(self, obs) -> SimpleDecision:
-        return SimpleDecision(self.replicas, self.replicas > 0, f"fixed at {self.replicas}")
-
-
-class SchedulePolicy:
-    """A time schedule [(at_s, replicas)]; before the first entry the pool keeps its initial size."""
-
-    needs_observation = False
-
-    def __init__(self, steps: list[tuple[float, int]], initial: int, polling_interval: float = 1.0):
-        self.steps = steps
-        self.initial = initial
-        self.polling_interval = polling_interval
-
-    def decide(self, obs) -> SimpleDecision:
-        n = self.initial
-        for at, replicas in self.steps:
-            if obs.time >= at:
-                n = replicas
-        return SimpleDecision(n, n > 0, f"schedule: {n} at t={obs.time:g}s")
-
-
-class _Obs:
-    """The minimal observation fixed/schedule policies read."""
-
-    def __init__(self, time: float, current: int):
-        self.time = time
-        self.current_replicas = current
-
-
-def make_pool_policy(spec, latency_model):
-    """The policy object for one pool (anything with decide(obs) and polling_interval)."""
+def make_pool_policy(spec, latency_model) -> PoolPolicy:
+    """The policy of one pool, from the scenario's `autoscaler` entry."""
     cfg = spec.autoscaler
     if cfg is None:
-        return FixedPolicy(spec.replicas)
+        return PoolPolicy(FixedPolicy(spec.replicas), reads_metrics=False)
     if cfg["kind"] == "fixed":
-        return FixedPolicy(cfg["replicas"])
+        return PoolPolicy(FixedPolicy(cfg["replicas"]), reads_metrics=False)
     if cfg["kind"] == "schedule":
-        return SchedulePolicy(cfg["steps"], spec.replicas, cfg["polling_interval"])
+        policy = SchedulePolicy(cfg["steps"], spec.replicas, cfg["polling_interval"])
+        return PoolPolicy(policy, reads_metrics=False)
     from autoscaler.spec import load_spec, make_policy
+    from simulator.latency import load_latency_model
 
     where = cfg["where"]
     try:
@@ -86,15 +57,27 @@ def make_pool_policy(spec, latency_model):
             parsed = load_spec(cfg["inline"])
     except ValueError as exc:
         raise ValueError(f"{where}.spec: {exc}") from None
-    model = latency_model
-    if cfg.get("latency_model"):
-        from simulator.fleet import load_latency_model
+    model = load_latency_model(cfg["latency_model"]) if cfg.get("latency_model") else latency_model
+    return PoolPolicy(make_policy(parsed, latency_model=model), list(parsed.triggers))
 
-        model = load_latency_model(cfg["latency_model"])
-    policy = make_policy(parsed, latency_model=model)
-    policy.spec = parsed
-    policy.needs_observation = True
-    return policy
+
+class PoolTarget:
+    """The scale target of the reconcile step: a simulated pool."""
+
+    def __init__(self, fleet, pool):
+        self.fleet, self.pool = fleet, pool
+
+    def scale(self, desired: int, reason: str) -> None:
+        self.fleet.set_desired(self.pool, desired, reason)
+
+
+def autoscaler_process(fleet, pool):
+    """The pool's policy, evaluated every polling interval."""
+    target = PoolTarget(fleet, pool)
+    interval = to_ps(pool.policy.policy.polling_interval)
+    while True:
+        reconcile(pool.policy.policy, build_observation(fleet, pool), target)
+        yield fleet.env.timeout(interval)
 
 
 _QUANTILE = re.compile(r"histogram_quantile\(\s*([0-9.]+)\s*,.*?(?:vllm:)?([a-z_]+)_bucket", re.S)
@@ -113,27 +96,24 @@ def query_value(query: str, rates, obs) -> float | None:
     return None if math.isnan(v) else v
 
 
-def build_observation(fleet, pool):
+def build_observation(fleet, pool) -> Observation:
     """What the pool's policy sees now."""
-    t = fleet.env.now / 1e12
-    policy = pool.policy
-    if not getattr(policy, "needs_observation", True):
-        return _Obs(t, pool.desired)
-    from autoscaler.observation import Observation
-
+    t = seconds(fleet.env.now)
+    if not pool.policy.reads_metrics:
+        return Observation(time=t, current_replicas=pool.desired)
     window = fleet.sc.rate_window
-    keys = [k for k in fleet.store.series if k[0] == pool.index]
-    live = [k for k in keys if k in fleet.store.gauges]
-    rates = fleet.store.rate(keys, t, window)
-    waiting = fleet.store.gauge(live, "waiting", t)
-    running = fleet.store.gauge(live, "running", t)
-    kv = fleet.store.gauge(live, "kv_usage", t)
+    store = fleet.store
+    keys = [k for k in store.series if k[0] == pool.index]
+    live = [k for k in keys if k in store.gauges]
+    rates = store.rate(keys, t, window)
+    waiting = store.gauge(live, "waiting", t)
+    running = store.gauge(live, "running", t)
+    kv = store.gauge(live, "kv_usage", t)
     done = rates[LAYOUT["request_success"]]
-    ready = pool.count("ready")
     obs = Observation(
         time=t,
         current_replicas=pool.desired,
-        ready_replicas=ready,
+        ready_replicas=pool.count("ready"),
         arrival_rate=float(rates[LAYOUT["arrivals"]]),
         mean_prompt_tokens=float(rates[LAYOUT["request_prompt_tokens_sum"]] / done) if done > 0 else None,
         mean_output_tokens=float(rates[LAYOUT["request_output_tokens_sum"]] / done) if done > 0 else None,
@@ -152,8 +132,7 @@ def build_observation(fleet, pool):
             v = quantile_of(rates, name, p / 100)
             if not math.isnan(v):
                 table[p] = v
-    spec = getattr(policy, "spec", None)
-    triggers = spec.triggers if spec is not None else []
+    triggers = pool.policy.triggers
     if triggers:
         from autoscaler.signals import fill_trigger_metrics
 

@@ -10,7 +10,7 @@ the full blocks step j registers in the prefix cache), so later steps see the sa
 from __future__ import annotations
 
 from engine.core.block_manager import BlockManager, cdiv
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, length_left
 from engine.core.sequence import Sequence
 
 
@@ -33,12 +33,9 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
         return 0, False
     limit = max_len = sched.max_model_len
     for s in running:
-        n = len(s.token_ids)
-        if n - s.num_computed_tokens != 1:
+        if len(s.token_ids) - s.num_computed_tokens != 1:
             return 0, False  # a prefill (chunk) is pending
-        left = s.sampling_params.max_tokens - n + s.num_prompt_tokens
-        if left > max_len - n:
-            left = max_len - n
+        left = length_left(s, max_len)
         if left < limit:
             limit = left
     if limit <= 0:

@@ -1,8 +1,10 @@
-"""The fleet: workload -> router -> pools of replicas, with autoscalers, metrics and failures, in simpy.
+"""The fleet: workload -> router -> pools of replicas, in simpy.
 
-One simpy process per replica (simulator.replica), plus the arrival process, the Prometheus-like
-scraper, each pool's autoscaler loop, the timeline sampler and failure injection. Internal time is
-integer picoseconds; everything leaving this module is in seconds.
+One simpy process per replica (simulator.replica), plus the arrival process here and, next to the
+code they use, the scraper (simulator.scrape), each pool's autoscaler (simulator.autoscaling), the
+timeline sampler (simulator.timeline) and failure injection (simulator.failures). What happened to
+each request is kept in a RequestLog (simulator.requests). Internal time is integer picoseconds;
+everything leaving the simulator is in seconds.
 """
 
 from __future__ import annotations
@@ -12,27 +14,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected
-from engine.core.sequence import Sequence
-from simulator.autoscaling import build_observation, make_pool_policy
+from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
+from simulator.failures import failure_process
+from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
 from simulator.replica import Replica
+from simulator.requests import RequestLog, SimSequence
 from simulator.router import Router
 from simulator.scenario import PoolSpec, Scenario
+from simulator.scrape import scrape_process
 from simulator.steptime import PS, StepTimer, seconds, to_ps
+from simulator.timeline import progress_bar, timeline_process
 from simulator.tokens import prompt_token_ids
 from simulator.workload import Workload
-
-STATUS = ("pending", "ok", "rejected", "failed", "unfinished")
-
-
-def load_latency_model(name_or_path: str):
-    from simulator.latency import LatencyModel
-
-    if name_or_path.endswith(".json") or "/" in name_or_path:
-        return LatencyModel.load(name_or_path)
-    return LatencyModel.load_named(name_or_path)
 
 
 @dataclass
@@ -41,7 +36,7 @@ class Pool:
     spec: PoolSpec
     timer: StepTimer
     model: object
-    policy: object = None
+    policy: PoolPolicy | None = None
     desired: int = 0
     replicas: list = field(default_factory=list)  # every replica ever created
     repairing: int = 0
@@ -53,6 +48,17 @@ class Pool:
 
     def count(self, state: str) -> int:
         return sum(1 for r in self.replicas if r.state == state)
+
+    def replica_seconds(self, end_ps: int) -> float:
+        """Replica lifetime from creation (provisioning included) to gone, or to end_ps."""
+        return sum(((r.gone_at if r.gone_at is not None else end_ps) - r.created) for r in self.replicas) / PS
+
+    def ready_seconds(self, end_ps: int) -> float:
+        alive = [r for r in self.replicas if r.ready_at is not None]
+        return sum(((r.gone_at if r.gone_at is not None else end_ps) - r.ready_at) for r in alive) / PS
+
+    def busy_seconds(self) -> float:
+        return sum(r.busy_ps for r in self.replicas) / PS
 
 
 class Fleet:
@@ -92,26 +98,16 @@ class Fleet:
             self.pools.append(pool)
         self._next_rid = 0
         self.ready: list[Replica] = []  # routable replicas, all pools
-        self.backlog: list[Sequence] = []  # requests waiting at the router for any ready replica
+        self.backlog: list[SimSequence] = []  # requests waiting at the router for any ready replica
         n = len(workload)
-        self.req_replica = np.full(n, -1, dtype=np.int64)
-        self.req_pool = np.full(n, -1, dtype=np.int64)
-        self.req_first_sched = np.full(n, -1, dtype=np.int64)
-        self.req_first_token = np.full(n, -1, dtype=np.int64)
-        self.req_finish = np.full(n, -1, dtype=np.int64)
-        self.req_cached = np.zeros(n, dtype=np.int64)
-        self.req_generated = np.zeros(n, dtype=np.int64)
-        self.req_preempt = np.zeros(n, dtype=np.int64)
-        self.req_status = np.zeros(n, dtype=np.int8)
-        self.req_retries = np.zeros(n, dtype=np.int64)
+        self.requests = RequestLog(n)
         self.arrival_ps = np.array([to_ps(t) for t in workload.times], dtype=np.int64)
         self.timeline: list[dict] = []
-        self.finished = 0
         self.needs_tokens = any(p.spec.prefix_caching for p in self.pools) or self.router.uses_prefix
         self.end_ps = to_ps(
             scenario.duration if scenario.duration is not None else (float(workload.times[-1]) if n else 0.0)
         )
-        self._arrivals_window: list[int] = [0] * len(self.pools)
+        self.horizon = self.end_ps + (to_ps(scenario.max_drain) if scenario.drain_after_end else 0)
         self.arrived = 0
 
     # -- replicas ------------------------------------------------------------------------------
@@ -123,7 +119,8 @@ class Fleet:
         rep.start(to_ps(max(delay, 0.0)))
         return rep
 
-    def reconcile(self, pool: Pool) -> None:
+    def resize(self, pool: Pool) -> None:
+        """Starts or drains replicas until the pool's live count matches its desired count."""
         live = pool.live()
         target = pool.desired - pool.repairing
         if len(live) < target:
@@ -143,59 +140,26 @@ class Fleet:
         if desired != pool.desired:
             pool.scale_events.append((now, pool.desired, desired))
             pool.desired = desired
-        self.reconcile(pool)
+        self.resize(pool)
 
     def on_ready(self, rep: Replica) -> None:
         self.ready.append(rep)
         self.ready.sort(key=lambda r: r.id)
         if rep.pool.spec.failure is not None:
-            self.env.process(self._failure(rep))
+            self.env.process(failure_process(self, rep))
         backlog, self.backlog = self.backlog, []
         for seq in backlog:
-            self._route(seq)
+            self.route(seq)
 
     def on_gone(self, rep: Replica) -> None:
         self.router.forget(rep.id)
         self.store.forget((rep.pool.index, rep.id))
 
-    def on_finish(self, rep: Replica, seq: Sequence) -> None:
-        i = seq.req_index
-        self.req_first_sched[i] = seq.first_scheduled_time
-        self.req_first_token[i] = seq.first_token_time
-        self.req_finish[i] = seq.finish_time
-        self.req_cached[i] = seq.first_cached
-        self.req_generated[i] = seq.num_output_tokens
-        self.req_preempt[i] = seq.num_preemptions
-        self.req_status[i] = 1
-        self.finished += 1
-
-    def _failure(self, rep: Replica):
-        f = rep.pool.spec.failure
-        yield self.env.timeout(to_ps(float(self.rng_fail.exponential(f.mtbf))))
-        if rep.state not in ("ready", "draining"):
-            return
-        pool = rep.pool
-        was_live = rep.state == "ready"
-        if rep in self.ready:
-            self.ready.remove(rep)
-        seqs = rep.fail()
-        self.on_gone(rep)
-        for seq in seqs:
-            if f.on_failure == "retry":
-                self.req_retries[seq.req_index] += 1
-                self._route(self._make_seq(seq.req_index))
-            else:
-                self.req_status[seq.req_index] = 3
-                self.req_replica[seq.req_index] = rep.id
-        if was_live:
-            pool.repairing += 1
-            self.reconcile(pool)
-            yield self.env.timeout(to_ps(float(f.repair.sample(self.rng_fail, 1)[0])))
-            pool.repairing -= 1
-            self.reconcile(pool)
+    def on_finish(self, rep: Replica, seq: SimSequence) -> None:
+        self.requests.finished(seq)
 
     # -- requests ------------------------------------------------------------------------------
-    def _make_seq(self, i: int) -> Sequence:
+    def make_seq(self, i: int) -> SimSequence:
         wl = self.wl
         n = int(wl.prompt[i])
         ids = (
@@ -203,33 +167,20 @@ class Fleet:
             if self.needs_tokens
             else [0] * n
         )
-        seq = Sequence(
-            ids,
-            SamplingParams(max_tokens=int(wl.output[i]), ignore_eos=True),
-            request_id=str(i),
-            arrival_time=seconds(int(self.arrival_ps[i])),
-        )
-        seq.req_index = i
-        seq.first_cached = -1
-        seq.fleet_arrival = int(self.arrival_ps[i])
-        return seq
+        return SimSequence(i, ids, int(wl.output[i]), int(self.arrival_ps[i]))
 
-    def _route(self, seq: Sequence) -> None:
+    def route(self, seq: SimSequence) -> None:
         if not self.ready:
             self.backlog.append(seq)
             return
         k = self.router.pick(self.ready, seq.token_ids if self.router.uses_prefix else None)
         rep = self.ready[k]
-        i = seq.req_index
         seq.replica_arrival = self.env.now
-        self.req_replica[i] = rep.id
-        self.req_pool[i] = rep.pool.index
+        self.requests.routed(seq.index, rep.id, rep.pool.index)
         try:
             rep.submit(seq)
         except RequestRejected:
-            self.req_status[i] = 2
-            self.finished += 1
-            return
+            self.requests.rejected(seq.index)
 
     def _arrivals(self):
         env = self.env
@@ -242,63 +193,7 @@ class Fleet:
             if t > env.now:
                 yield env.timeout(t - env.now)
             self.arrived += 1
-            self._route(self._make_seq(i))
-
-    def _autoscale(self, pool: Pool):
-        interval = to_ps(pool.policy.polling_interval)
-        while True:
-            obs = build_observation(self, pool)
-            d = pool.policy.decide(obs)
-            self.set_desired(pool, max(0, int(d.desired_replicas)), d.reason)
-            yield self.env.timeout(interval)
-
-    def _scrape(self):
-        interval = to_ps(self.sc.scrape_interval)
-        while True:
-            t = seconds(self.env.now)
-            for pool in self.pools:
-                for rep in pool.replicas:
-                    if rep.state in ("ready", "draining"):
-                        self.store.scrape(
-                            (pool.index, rep.id),
-                            t,
-                            rep.scrape_vector(),
-                            {
-                                "waiting": rep.num_waiting,
-                                "running": rep.num_running,
-                                "kv_usage": rep.kv_usage_now(),
-                            },
-                        )
-            yield self.env.timeout(interval)
-
-    def _sample_timeline(self):
-        interval = to_ps(self.sc.timeline_interval)
-        last_arrived = 0
-        while True:
-            yield self.env.timeout(interval)
-            t = seconds(self.env.now)
-            arrived = self.arrived - last_arrived
-            last_arrived = self.arrived
-            for pool in self.pools:
-                reps = [r for r in pool.replicas if r.state in ("ready", "draining")]
-                ready = [r for r in reps if r.state == "ready"]
-                self.timeline.append(
-                    {
-                        "time": t,
-                        "pool": pool.spec.name,
-                        "desired": pool.desired,
-                        "provisioning": pool.count("provisioning"),
-                        "ready": len(ready),
-                        "draining": pool.count("draining"),
-                        "arrival_rate": arrived / self.sc.timeline_interval if pool.index == 0 else 0.0,
-                        "waiting": sum(r.num_waiting for r in reps)
-                        + (len(self.backlog) if pool.index == 0 else 0),
-                        "running": sum(r.num_running for r in reps),
-                        "kv_usage": float(np.mean([r.kv_usage_now() for r in ready])) if ready else 0.0,
-                    }
-                )
-            if self._bar is not None:
-                self._bar[0].update(self._bar[1], completed=min(self.env.now, self._horizon))
+            self.route(self.make_seq(i))
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -306,74 +201,26 @@ class Fleet:
         for pool in self.pools:
             for _ in range(pool.desired):
                 self._new_replica(pool, immediate=True)
-        self._arrival_proc = env.process(self._arrivals())
-        env.process(self._scrape())
+        arrivals = env.process(self._arrivals())
+        env.process(scrape_process(self))
         for pool in self.pools:
-            env.process(self._autoscale(pool))
-        self._bar = None
-        self._horizon = self.end_ps + (to_ps(self.sc.max_drain) if self.sc.drain_after_end else 0)
-        env.process(self._sample_timeline())
-        progress = None
-        if self.progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            progress = Progress(
-                TextColumn("simulating"),
-                BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
-                TimeElapsedColumn(),
-                transient=True,
-            )
-            progress.start()
-            self._bar = (progress, progress.add_task("sim", total=self._horizon))
+            env.process(autoscaler_process(self, pool))
+        bar = progress_bar(self.horizon) if self.progress else None
+        env.process(timeline_process(self, bar))
         try:
             env.run(until=self.end_ps if self.end_ps > 0 else 1)
             if self.sc.drain_after_end:
                 step = to_ps(self.sc.timeline_interval)
-                limit = self._horizon
                 while (
-                    self._arrival_proc.is_alive or self.finished + self._lost() < self.arrived
-                ) and env.now < limit:
-                    env.run(until=min(env.now + step, limit))
+                    arrivals.is_alive or self.requests.done + self.requests.lost() < self.arrived
+                ) and env.now < self.horizon:
+                    env.run(until=min(env.now + step, self.horizon))
         finally:
-            if progress is not None:
-                progress.stop()
+            if bar is not None:
+                bar[0].stop()
         self.end_time_ps = env.now
-        for i in np.flatnonzero(self.req_status == 0):
-            if self.arrival_ps[i] < env.now:
-                self.req_status[i] = 4  # unfinished
-        self._collect_in_flight()
-
-    def _lost(self) -> int:
-        return int(np.count_nonzero(self.req_status == 3))
-
-    def _collect_in_flight(self) -> None:
-        """Requests still running at the end keep what they did (first token, tokens so far)."""
+        self.requests.mark_unfinished(self.arrival_ps, env.now)
         for pool in self.pools:
             for rep in pool.replicas:
                 for seq in list(rep.sched.running) + list(rep.sched.waiting):
-                    i = seq.req_index
-                    if seq.first_token_time is not None:
-                        self.req_first_token[i] = seq.first_token_time
-                    if seq.first_scheduled_time is not None:
-                        self.req_first_sched[i] = seq.first_scheduled_time
-                    self.req_generated[i] = seq.num_output_tokens
-                    self.req_preempt[i] = seq.num_preemptions
-
-    def replica_seconds(self, pool: Pool) -> float:
-        end = self.end_time_ps
-        return sum(((r.gone_at if r.gone_at is not None else end) - r.created) for r in pool.replicas) / PS
-
-    def busy_seconds(self, pool: Pool) -> float:
-        return sum(r.busy_ps for r in pool.replicas) / PS
-
-    def ready_seconds(self, pool: Pool) -> float:
-        end = self.end_time_ps
-        return (
-            sum(
-                ((r.gone_at if r.gone_at is not None else end) - r.ready_at)
-                for r in pool.replicas
-                if r.ready_at is not None
-            )
-            / PS
-        )
+                    self.requests.in_flight(seq)

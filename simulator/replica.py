@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import simpy
 
+from engine.core.batch_shape import batch_shape
 from engine.core.block_manager import BlockManager
-from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence
+from engine.core.scheduler import Scheduler, length_left
 from simulator.fastforward import advance_decodes, decode_stretch
 from simulator.kvcount import CountingBlockManager
 from simulator.metrics import LAYOUT, ReplicaMetrics
+from simulator.requests import SimSequence
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
 
 SAMPLED_TOKEN = 1  # synthetic output token; requests ignore EOS so output length = max_tokens
@@ -86,7 +87,7 @@ class Replica:
         self.fleet.on_ready(self)
         yield from self._serve()
 
-    def submit(self, seq: Sequence) -> None:
+    def submit(self, seq: SimSequence) -> None:
         self.sched.add(seq)
         self.outstanding += 1
         self.metrics.inc("arrivals")
@@ -107,7 +108,7 @@ class Replica:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def fail(self) -> list[Sequence]:
+    def fail(self) -> list[SimSequence]:
         """Dies now; returns the requests it held (their progress is lost)."""
         was = self.state
         self.state = "failed"
@@ -166,22 +167,15 @@ class Replica:
             if not out.preempted:  # nothing fits (cannot normally happen): wait for a change
                 yield from self._idle()
             return  # the step only preempted: the next one admits again
-        pt = pc = ds = dc = pseq = 0
+        shape = batch_shape(out.seqs, out.num_new_tokens)
         sampled = []
         for seq, n in zip(out.seqs, out.num_new_tokens):
-            c = seq.num_computed_tokens
             if seq.first_cached < 0:  # just admitted for the first time: its prefix-cache hit
                 seq.first_cached = seq.num_cached_tokens
-            if n == 1 and c >= seq.num_prompt_tokens:
-                ds += 1
-                dc += c + 1
-            else:
-                pt += n
-                pc += c + n
-                pseq += 1
-            sampled.append(SAMPLED_TOKEN if c + n == len(seq) else None)
-        a, b = self.timer.coeffs(pt, pc, ds, pseq)
-        d = a + b * dc
+            sampled.append(SAMPLED_TOKEN if seq.num_computed_tokens + n == len(seq) else None)
+        ds = shape.decode_seqs
+        a, b = self.timer.coeffs(shape.prefill_tokens, shape.prefill_context, ds, shape.prefill_seqs)
+        d = a + b * shape.decode_context
         yield env.timeout(d)
         t1 = t0 + d
         self.busy_ps += d
@@ -224,21 +218,19 @@ class Replica:
             # what update() does for a request whose last token this step sampled
             t1 = t0 + sum_steps(a, b, dc, ds, steps)
             sched, max_len = self.sched, self.sched.max_model_len
-            done = [
-                s for s in seqs if s.num_output_tokens >= s.sampling_params.max_tokens or len(s) >= max_len
-            ]
+            done = [s for s in seqs if length_left(s, max_len) <= 0]
             for s in done:
                 sched.finish(s, "length", t1)
             self._finished(done)
 
-    def _after_update(self, out, sampled: list, finished: list[Sequence], t1: int) -> None:
+    def _after_update(self, out, sampled: list, finished: list[SimSequence], t1: int) -> None:
         m = self.metrics
         gen = 0
         for seq, token in zip(out.seqs, sampled):
             if token is not None:
                 gen += 1
                 if seq.first_token_time == t1 and seq.num_output_tokens == 1:
-                    m.observe("time_to_first_token_seconds", (t1 - seq.fleet_arrival) / PS)
+                    m.observe("time_to_first_token_seconds", (t1 - seq.arrival_time) / PS)
                     m.observe(
                         "request_queue_time_seconds", (seq.first_scheduled_time - seq.replica_arrival) / PS
                     )
@@ -246,11 +238,11 @@ class Replica:
         m.inc("generation_tokens", gen)
         self._finished(finished)
 
-    def _finished(self, finished: list[Sequence]) -> None:
+    def _finished(self, finished: list[SimSequence]) -> None:
         m = self.metrics
         for seq in finished:
             self.outstanding -= 1
-            e2e = (seq.finish_time - seq.fleet_arrival) / PS
+            e2e = (seq.finish_time - seq.arrival_time) / PS
             m.observe("e2e_request_latency_seconds", e2e)
             if seq.num_output_tokens > 1:
                 m.observe(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.fleet import STATUS
+from simulator.requests import OK, STATUS
 from simulator.steptime import PS
 
 REQUEST_COLUMNS = (
@@ -52,13 +52,14 @@ def request_table(fleet) -> dict[str, np.ndarray]:
     """Per-request columns in seconds (NaN where a time does not exist)."""
     n = len(fleet.wl)
     arrival = fleet.arrival_ps / PS
+    log = fleet.requests
 
     def t(col):
         return np.where(col >= 0, col / PS, np.nan)
 
-    first_sched, first_tok, finish = t(fleet.req_first_sched), t(fleet.req_first_token), t(fleet.req_finish)
-    gen = fleet.req_generated
-    ok = fleet.req_status == 1
+    first_sched, first_tok, finish = t(log.first_sched), t(log.first_token), t(log.finish)
+    gen = log.generated
+    ok = log.status == OK
     tpot = np.where(ok & (gen > 1), (finish - first_tok) / np.maximum(gen - 1, 1), np.nan)
     return {
         "id": np.arange(n),
@@ -68,15 +69,15 @@ def request_table(fleet) -> dict[str, np.ndarray]:
         "finish": finish,
         "prompt_tokens": fleet.wl.prompt,
         "output_tokens": gen,
-        "cached_tokens": fleet.req_cached,
+        "cached_tokens": log.cached,
         "ttft": first_tok - arrival,
         "tpot": tpot,
         "e2e": np.where(ok, finish - arrival, np.nan),
-        "replica": fleet.req_replica,
-        "pool": fleet.req_pool,
-        "preemptions": fleet.req_preempt,
-        "retries": fleet.req_retries,
-        "status": fleet.req_status,
+        "replica": log.replica,
+        "pool": log.pool,
+        "preemptions": log.preemptions,
+        "retries": fleet.requests.retries,
+        "status": log.status,
     }
 
 
@@ -161,14 +162,14 @@ def summarize(fleet) -> dict:
     pools = {}
     for pool in fleet.pools:
         in_pool = req["pool"] == pool.index
-        rs = fleet.replica_seconds(pool)
-        ready_s = fleet.ready_seconds(pool)
+        rs = pool.replica_seconds(fleet.end_time_ps)
+        ready_s = pool.ready_seconds(fleet.end_time_ps)
         hits = sum(r.bm.prefix_cache_hits for r in pool.replicas)
         queries = sum(r.bm.prefix_cache_queries for r in pool.replicas)
         pools[pool.spec.name] = {
             "replica_hours": rs / 3600,
             "cost": rs / 3600 * pool.spec.cost_per_hour,
-            "utilization": fleet.busy_seconds(pool) / ready_s if ready_s > 0 else None,
+            "utilization": pool.busy_seconds() / ready_s if ready_s > 0 else None,
             "scale_events": len(pool.scale_events),
             "scale_event_list": [{"time": t, "from": a, "to": b} for t, a, b in pool.scale_events],
             "max_replicas": max([e[2] for e in pool.scale_events] + [pool.spec.replicas]),
@@ -205,7 +206,7 @@ def summarize(fleet) -> dict:
             "arrived": n_arrived,
             "ok": int(ok.sum()),
             **{s: int((status[arrived] == i).sum()) for i, s in enumerate(STATUS) if i >= 2},
-            "retries": int(fleet.req_retries.sum()),
+            "retries": int(fleet.requests.retries.sum()),
         },
         "slo": slos,
         "slo_attainment_joint": float(joint.mean()) if n_arrived and sc.slos else None,

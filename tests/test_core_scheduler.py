@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from engine.core.batch_shape import BatchShape, batch_shape
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected, Scheduler
@@ -42,10 +43,12 @@ def test_decodes_first_then_prefills_fill_budget_and_chunk():
     sched.add(a)
     run_step(sched)  # a prefilled, now decoding
     sched.add(b)
-    out, _ = run_step(sched)
+    out = sched.schedule()
     assert [s.request_id for s in out.seqs] == ["a", "b"]
     assert out.num_new_tokens == [1, 9]  # the decode, then b chunked into the remaining budget
-    assert out.shape() == (9, 9, 1, 5)
+    assert batch_shape(out.seqs, out.num_new_tokens) == BatchShape(9, 9, 1, 0, 1, 5)
+    sched.update(out, [7 if s.num_computed_tokens + n == len(s) else None
+                       for s, n in zip(out.seqs, out.num_new_tokens)])
     out, _ = run_step(sched)
     assert out.num_new_tokens == [1, 9]
 

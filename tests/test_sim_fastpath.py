@@ -36,16 +36,16 @@ def _run(sc, wl, fast):
 
 def _assert_same(a, b):
     for name in (
-        "req_first_sched",
-        "req_first_token",
-        "req_finish",
-        "req_cached",
-        "req_generated",
-        "req_preempt",
-        "req_status",
-        "req_replica",
+        "first_sched",
+        "first_token",
+        "finish",
+        "cached",
+        "generated",
+        "preemptions",
+        "status",
+        "replica",
     ):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(a.requests, name), getattr(b.requests, name), err_msg=name)
 
 
 def test_fast_path_equals_stepping_with_chunking_and_preemption():
@@ -53,8 +53,8 @@ def test_fast_path_equals_stepping_with_chunking_and_preemption():
     wl = build_workload(sc, 3)
     fast, slow = _run(sc, wl, True), _run(sc, wl, False)
     _assert_same(fast, slow)
-    assert (fast.req_status == 1).all()
-    assert fast.req_preempt.sum() > 0  # the small KV pool forced preemptions: the hard case is covered
+    assert (fast.requests.status == 1).all()
+    assert fast.requests.preemptions.sum() > 0  # the small KV pool forced preemptions: the hard case
     steps_fast = sum(r.metrics.v[0] for p in fast.pools for r in p.replicas)  # arrivals: same workload
     assert steps_fast == len(wl)
 
@@ -69,7 +69,7 @@ def test_fast_path_equals_stepping_with_shared_prefixes():
     wl = Workload(times, rng.integers(1100, 1500, n), rng.integers(5, 200, n), hashes)
     fast, slow = _run(sc, wl, True), _run(sc, wl, False)
     _assert_same(fast, slow)
-    assert fast.req_cached.sum() > 0
+    assert fast.requests.cached.sum() > 0
     hits = [r.bm.prefix_cache_hits for p in fast.pools for r in p.replicas]
     assert hits == [r.bm.prefix_cache_hits for p in slow.pools for r in p.replicas]
 
@@ -98,4 +98,4 @@ def test_fast_path_equals_stepping_without_prefix_caching():
     wl = build_workload(sc, 3)
     fast, slow = _run(sc, wl, True), _run(sc, wl, False)
     _assert_same(fast, slow)
-    assert fast.req_preempt.sum() > 0
+    assert fast.requests.preemptions.sum() > 0

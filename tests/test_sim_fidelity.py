@@ -105,9 +105,9 @@ def _sim_run(arrivals, prompt, output, model, wakeup_ms: float):
     )
     f = res.fleet
     t = lambda a: a / 1e12  # noqa: E731
-    ttft = t(f.req_first_token - f.arrival_ps)
-    e2e = t(f.req_finish - f.arrival_ps)
-    tpot = (e2e - ttft) / np.maximum(f.req_generated - 1, 1)
+    ttft = t(f.requests.first_token - f.arrival_ps)
+    e2e = t(f.requests.finish - f.arrival_ps)
+    tpot = (e2e - ttft) / np.maximum(f.requests.generated - 1, 1)
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 

@@ -65,9 +65,9 @@ def _start_fleet(n: int) -> tuple[list[subprocess.Popen], list[str]]:
 
 def _http_overhead_ms(url: str, requests: int = 12) -> float:
     """Median client TTFT less the model's prefill step, for single requests to an idle server."""
-    from simulator.latency import LatencyModel
+    from simulator.latency import load_latency_model
 
-    model = LatencyModel.load(MODEL)
+    model = load_latency_model(MODEL)
     extra = []
     with httpx.Client(timeout=60) as client:
         for i in range(requests):
@@ -150,9 +150,9 @@ def _simulate(sent, prompt_tokens, output, http_ms: float) -> dict:
     })
     wl = Workload(sent - sent[0], prompt_tokens.copy(), output.copy())
     f = simulate(sc, workload=wl, plots=False).fleet
-    ttft = (f.req_first_token - f.arrival_ps) / 1e12
-    e2e = (f.req_finish - f.arrival_ps) / 1e12
-    return {"ttft": ttft, "e2e": e2e, "tpot": (e2e - ttft) / np.maximum(f.req_generated - 1, 1)}
+    ttft = (f.requests.first_token - f.arrival_ps) / 1e12
+    e2e = (f.requests.finish - f.arrival_ps) / 1e12
+    return {"ttft": ttft, "e2e": e2e, "tpot": (e2e - ttft) / np.maximum(f.requests.generated - 1, 1)}
 
 
 def _compare(n: int, rate: float, p50_tol: float, p90_tol: float) -> None:

@@ -31,7 +31,7 @@ def test_low_load_latency_equals_predicted_steps():
     res = simulate(sc, models={"stub": MODEL}, plots=False)
     f = res.fleet
     arrival = f.arrival_ps / 1e12
-    finish = f.req_finish / 1e12
+    finish = f.requests.finish / 1e12
     alone = [
         i
         for i in range(len(arrival))
@@ -40,8 +40,8 @@ def test_low_load_latency_equals_predicted_steps():
     assert len(alone) > 50
     prefill = MODEL.step_ms(500, 500, 0, 0) / 1000
     decode = np.mean([MODEL.step_ms(0, 0, 1, 501 + j) for j in range(49)]) / 1000
-    ttft = (f.req_first_token[alone] - f.arrival_ps[alone]) / 1e12
-    tpot = (f.req_finish[alone] - f.req_first_token[alone]) / 1e12 / 49
+    ttft = (f.requests.first_token[alone] - f.arrival_ps[alone]) / 1e12
+    tpot = (f.requests.finish[alone] - f.requests.first_token[alone]) / 1e12 / 49
     np.testing.assert_allclose(ttft, prefill, rtol=1e-9)
     np.testing.assert_allclose(tpot, decode, rtol=1e-9)
 
@@ -58,7 +58,7 @@ def test_littles_law_ends_once_and_kv_within_capacity():
     fleet = Fleet(sc, wl, models={"stub": MODEL})
     ends = []
     orig = fleet.on_finish
-    fleet.on_finish = lambda rep, seq: (ends.append(seq.req_index), orig(rep, seq))
+    fleet.on_finish = lambda rep, seq: (ends.append(seq.index), orig(rep, seq))
     fleet.run()
     s = summarize(fleet)
     assert sorted(ends) == list(range(len(wl)))  # every request ends, exactly once
@@ -128,8 +128,8 @@ def test_router_latency_adds_to_every_request():
         plots=False,
     ).fleet
     # at this load every request finds the replica idle: each latency grows by exactly the hop
-    np.testing.assert_array_equal(hop.req_first_token - base.req_first_token, 7_500_000_000)
-    np.testing.assert_array_equal(hop.req_finish - base.req_finish, 7_500_000_000)
+    np.testing.assert_array_equal(hop.requests.first_token - base.requests.first_token, 7_500_000_000)
+    np.testing.assert_array_equal(hop.requests.finish - base.requests.finish, 7_500_000_000)
     np.testing.assert_array_equal(hop.arrival_ps, base.arrival_ps)
 
 

@@ -3,19 +3,18 @@
 A sequence decodes in the step when it computes one token past its prompt; anything else (a fresh
 prompt, a chunk of one, a preempted sequence recomputing) is prefill. Contexts are counted after the
 step: a prefill chunk of t tokens on c cached ones attends over c + t, a decode over its whole KV.
-The scheduler's SchedulerOutput.shape() counts the same way (a test compares them), and so does
-the simulator's replica in its hot loop.
+The engine's step log, the emulated runner, the profiler and the simulator's replica all read a
+step's shape from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.core.sequence import Sequence
 
 
-@dataclass(frozen=True)
-class BatchShape:
+class BatchShape(NamedTuple):
     prefill_tokens: int = 0
     prefill_context: int = 0
     prefill_seqs: int = 0

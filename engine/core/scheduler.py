@@ -21,28 +21,21 @@ class RequestRejected(ValueError):
 
 @dataclass
 class SchedulerOutput:
+    """One step's batch; its shape (prefill/decode split) is engine.core.batch_shape of it."""
+
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    computed_before: list[int] = field(default_factory=list)  # each seq's computed tokens at schedule time
 
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def is_decode(self, i: int) -> bool:
-        return self.num_new_tokens[i] == 1 and self.computed_before[i] >= self.seqs[i].num_prompt_tokens
 
-    def shape(self) -> tuple[int, int, int, int]:
-        """(prefill tokens, prefill KV context, decode seqs, decode KV context) of this step."""
-        pt = pc = ds = dc = 0
-        for i, (done, n) in enumerate(zip(self.computed_before, self.num_new_tokens)):
-            if self.is_decode(i):
-                ds += 1
-                dc += done + 1
-            else:
-                pt += n
-                pc += done + n
-        return pt, pc, ds, dc
+def length_left(seq: Sequence, max_model_len: int) -> int:
+    """Tokens seq may still generate before it stops for length (max_tokens or max_model_len)."""
+    left = seq.sampling_params.max_tokens - seq.num_output_tokens
+    room = max_model_len - len(seq)
+    return room if room < left else left
 
 
 class Scheduler:
@@ -115,7 +108,6 @@ class Scheduler:
                 budget -= n
         if not out.preempted:
             self._admit_waiting(out, budget, now)
-        out.computed_before = [s.num_computed_tokens for s in out.seqs]
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
@@ -182,7 +174,7 @@ class Scheduler:
             return "stop"
         if token in params.stop_token_ids:
             return "stop"
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+        if length_left(seq, self.max_model_len) <= 0:
             return "length"
         return None
 
