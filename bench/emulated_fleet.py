@@ -27,7 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.latency import LatencyModel  # noqa: E402
+from simulator.latency import load_latency_model  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -125,7 +125,7 @@ def main() -> None:
             pr.terminate()
         for pr in procs:
             pr.wait(30)
-    model = LatencyModel.load(args.emulate)
+    model = load_latency_model(args.emulate)
     ctx = args.streams * (args.prompt_len + args.max_tokens // 2)
     decode_ms = model.step_ms(0, 0, args.streams, ctx)
     client_cpu = (own1.user - own0.user) + (own1.system - own0.system)

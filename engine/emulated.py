@@ -10,29 +10,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.core.batch_shape import batch_shape
-from engine.core.block_manager import cdiv
 from engine.core.sequence import Sequence
 from engine.model.tokenizer import ByteTokenizer
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
 BOS, EOS, VOCAB = 256, 257, 512  # the byte tokenizer's ids, as in the tiny preset
+DEFAULT_MAX_MODEL_LEN = 4096  # no weights, so no position limit: this stands in for one
+
+
+class StepTimeModel(Protocol):
+    def step_ms(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_context: int,
+                prefill_seqs: int) -> float: ...
 
 
 class EmulatedRunner:
     """ModelRunner's interface (execute, release, tokenizer, max_model_len, ...), timed by a model.
 
-    latency: anything with step_ms(prefill_tokens, prefill_context, decode_seqs, decode_context,
-    prefill_seqs) (simulator.latency.LatencyModel). sleep/clock are injectable so a replay can run
-    in virtual time. Back-to-back steps are timed from the previous step's deadline, not from when
-    the thread got round to the next one: Python work and late wake-ups on a busy machine are taken
-    out of the next sleep, so a busy engine keeps the model's pace. The server calls idle() when
+    latency: the step-time model, loaded by the caller (the `serve --emulate` command loads a
+    calibrated one). sleep/clock are injectable so a replay can run in virtual time. Back-to-back
+    steps are timed from the previous step's deadline, not from when the thread got round to the
+    next one: Python work and late wake-ups on a busy machine are taken out of the next sleep, so a
+    busy engine keeps the model's pace. The server calls idle() when
     the engine runs out of work, so the next step starts from its own start time; a lag of more
     than max_lag_s (a stalled machine) is not caught up either.
     """
 
-    def __init__(self, latency, *, num_kv_blocks: int, block_size: int = 16, max_model_len: int = 4096,
+    def __init__(self, latency: StepTimeModel, *, num_kv_blocks: int, block_size: int = 16,
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
                  max_lag_s: float = 0.25):
         if num_kv_blocks < 1 or block_size < 1 or max_model_len < 2:
@@ -75,11 +82,6 @@ class EmulatedRunner:
         self._deadline = None
 
 
-def default_kv_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
-    """Room for every running request at full length, as LLMEngine sizes a real pool by default."""
-    return max_num_seqs * cdiv(max_model_len, block_size)
-
-
 class VirtualClock:
     """Time that only moves when a step 'sleeps': replays a load as the latency model predicts it."""
 
@@ -91,15 +93,3 @@ class VirtualClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += max(0.0, seconds)
-
-
-def load_latency_model(path: str):
-    """simulator.latency is imported only here: the emulated path is the only user in engine/."""
-    from pathlib import Path
-
-    from simulator.latency import LatencyModel, list_named
-
-    if not Path(path).is_file() and path not in list_named():
-        raise ValueError(f"--emulate {path}: no such latency-model file nor shipped model "
-                         f"(shipped: {', '.join(list_named())})")
-    return LatencyModel.load(path)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import asdict
 
+from engine.args import EngineArgs
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected
 from engine.core.sequence import Sequence
@@ -14,9 +16,14 @@ from engine.outputs import RequestOutput
 
 class LLM:
     def __init__(self, model: str = "tiny", **engine_args):
-        self.engine = LLMEngine(model, **engine_args)
+        """engine_args: EngineArgs' fields (max_num_seqs, num_kv_blocks, device, ...)."""
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLM:
+        return cls(**asdict(args))
 
     def generate(self, prompts: str | list[int] | Seq[str | list[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

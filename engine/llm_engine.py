@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from engine.args import EngineArgs
 from engine.core.batch_shape import BatchShape, batch_shape
-from engine.core.block_manager import BlockManager, cdiv
+from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected, Scheduler
 from engine.core.sequence import Sequence, SequenceStatus
@@ -18,37 +19,36 @@ from engine.outputs import RequestMetrics, RequestOutput
 
 
 class LLMEngine:
-    def __init__(self, model: str = "tiny", *, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 num_kv_blocks: int | None = None, block_size: int = 16, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, seed: int = 0, device: str = "cpu",
-                 dtype: str = "float32", attention_backend: str = "auto", scheduling_policy: str = "fcfs",
-                 clock: Callable[[], float] = time.perf_counter, runner=None):
+    def __init__(self, args: EngineArgs | None = None, *, runner=None,
+                 clock: Callable[[], float] = time.perf_counter):
         """runner: anything with ModelRunner's interface (execute, release, tokenizer, max_model_len,
-        eos_token_ids); the emulated server passes one that sleeps instead of computing."""
+        num_kv_blocks, block_size, eos_token_ids); the emulated server passes one that sleeps instead
+        of computing, and its pool size wins over args'."""
+        args = args or EngineArgs()
         if runner is None:
             from engine.model import resolve_config
             from engine.model_runner import ModelRunner
 
-            config = resolve_config(model)
-            model_len = min(config.max_position_embeddings, max_model_len or config.max_position_embeddings)
-            if num_kv_blocks is None:  # room for every running request at full length, capped
-                num_kv_blocks = max_num_seqs * cdiv(min(model_len, 2048), block_size)
-            runner = ModelRunner(model, num_kv_blocks=num_kv_blocks, block_size=block_size, device=device,
-                                 dtype=dtype, attention_backend=attention_backend, seed=seed)
+            config = resolve_config(args.model)
+            positions = config.max_position_embeddings
+            model_len = min(positions, args.max_model_len or positions)
+            runner = ModelRunner(args.model, num_kv_blocks=args.kv_blocks(model_len),
+                                 block_size=args.block_size, device=args.device, dtype=args.dtype,
+                                 attention_backend=args.attention_backend, seed=args.seed)
             eos = list(config.eos_token_ids)
         else:
-            num_kv_blocks, block_size = runner.num_kv_blocks, runner.block_size
-            model_len = min(runner.max_model_len, max_model_len or runner.max_model_len)
+            model_len = min(runner.max_model_len, args.max_model_len or runner.max_model_len)
             eos = list(runner.eos_token_ids)
+        self.args = args
         self.runner = runner
         self.tokenizer = self.runner.tokenizer
-        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens,
+        self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=args.max_num_seqs,
+                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_model_len=min(model_len, self.runner.max_model_len),
                                    eos_token_id=eos,
-                                   policy=scheduling_policy)
-        self.model_name = model
+                                   policy=args.scheduling_policy)
+        self.model_name = args.model
         self.clock = clock
         self.seqs: dict[str, Sequence] = {}
         self.prompts: dict[str, str | None] = {}

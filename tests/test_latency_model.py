@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.latency import LatencyModel, list_named
-from simulator.latency.model import PARAMS
+from simulator.latency import LatencyModel, list_named, load_latency_model
+from simulator.latency.model import MODELS_DIR, PARAMS
 
 SHIPPED = list_named()
 EXPECTED = (
@@ -43,8 +43,8 @@ def toy(**over) -> LatencyModel:
 def test_shipped_models_present_and_load():
     assert set(EXPECTED) <= set(SHIPPED)
     for name in SHIPPED:
-        m = LatencyModel.load_named(name)
-        assert LatencyModel.load(name).params == m.params  # load() accepts a shipped name too
+        m = load_latency_model(name)
+        assert load_latency_model(str(MODELS_DIR / f"{name}.json")).params == m.params
         prov = m.provenance
         assert prov["source"] and len(prov["source_sha256"]) == 64 and prov["rows"] > 0
         assert "fit_date" in prov and prov["heldout_error_pct"]["all"]["mape"] >= 0
@@ -52,17 +52,23 @@ def test_shipped_models_present_and_load():
 
 
 def test_shipped_model_attributes():
-    m = LatencyModel.load_named("h100-llama2-70b-tp4")
+    m = load_latency_model("h100-llama2-70b-tp4")
     assert (m.device, m.model, m.dtype, m.tp) == ("h100-80gb", "llama2-70b", "fp16", 4)
     # decode step of Llama-2-70B on 4 H100s: ~30 ms measured by Splitwise at batch 1
     assert 25 < m.predict_ms("decode", 1, 1, 600) < 35
-    with pytest.raises(ValueError, match="no shipped latency model"):
-        LatencyModel.load_named("nope")
+
+
+@pytest.mark.parametrize("given", ["nope", "nope.json", "some/dir/nope", "h100-llama2-70b-tp4.json"])
+def test_unknown_latency_model_error_lists_the_shipped_ones(given):
+    # a name with a '/' or a .json ending is a path (here: none exists), anything else a shipped name
+    with pytest.raises(ValueError, match="no such file or shipped model") as err:
+        load_latency_model(given)
+    assert repr(given) in str(err.value) and all(name in str(err.value) for name in SHIPPED)
 
 
 @pytest.mark.parametrize("name", ["toy", *SHIPPED])
 def test_decode_coeffs_are_exactly_affine(name):
-    m = toy() if name == "toy" else LatencyModel.load_named(name)
+    m = toy() if name == "toy" else load_latency_model(name)
     for p_tok, p_ctx, d_seq in [(0, 0, 1), (0, 0, 37), (512, 512, 0), (256, 4096, 12), (8192, 8192, 300)]:
         a, b = m.decode_coeffs(p_tok, p_ctx, d_seq)
         for ctx in (0, d_seq, 1000 * d_seq + 7, 10**7):
@@ -111,7 +117,7 @@ def _nondecreasing(v: np.ndarray) -> bool:
 
 @pytest.mark.parametrize("name", ["toy", *SHIPPED])
 def test_monotone_on_a_grid_far_outside_training(name):
-    m = toy() if name == "toy" else LatencyModel.load_named(name)
+    m = toy() if name == "toy" else load_latency_model(name)
     lengths = np.unique(np.geomspace(1, 1_000_000, 60).astype(int))  # tokens per sequence
     batches = np.unique(np.geomspace(1, 8192, 40).astype(int))
     for b in (1, 7, 64, 4096):  # prefill: longer prompts, at a fixed batch
@@ -141,7 +147,7 @@ def test_monotone_on_a_grid_far_outside_training(name):
     name=st.sampled_from(["toy", *SHIPPED]),
 )
 def test_step_ms_monotone_in_each_argument(p_tok, extra_ctx, d_seq, d_ctx, which, step, name):
-    m = toy() if name == "toy" else LatencyModel.load_named(name)
+    m = toy() if name == "toy" else load_latency_model(name)
     args = {"p_tok": p_tok, "p_ctx": p_tok + extra_ctx, "d_seq": d_seq, "d_ctx": d_ctx}
     base = m.step_ms(args["p_tok"], args["p_ctx"], args["d_seq"], args["d_ctx"])
     args[which] += step
@@ -153,7 +159,7 @@ def test_step_ms_monotone_in_each_argument(p_tok, extra_ctx, d_seq, d_ctx, which
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_extrapolation_is_linear_not_flat_or_exploding(name):
-    m = LatencyModel.load_named(name)
+    m = load_latency_model(name)
     # doubling a batch of 512-token prompts far beyond the data roughly doubles the time
     t1, t2 = (
         m.predict_ms("prefill", 1024, 1024 * 512, 1024 * 512),

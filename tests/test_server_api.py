@@ -5,21 +5,24 @@ import asyncio
 import openai
 import pytest
 
+from engine.args import EngineArgs
 from engine.server import BackgroundServer, build_engine, build_server
+from simulator.latency import load_latency_model
 
 MAX_MODEL_LEN = 512
 
 
 @pytest.fixture(scope="module")
 def real():
-    engine, name = build_engine("tiny", max_num_seqs=48, max_model_len=MAX_MODEL_LEN)
+    engine, name = build_engine(EngineArgs("tiny", max_num_seqs=48, max_model_len=MAX_MODEL_LEN))
     with BackgroundServer(build_server(engine, name)) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def emulated():
-    engine, name = build_engine(emulate="cpu-tiny", max_num_seqs=48, max_model_len=MAX_MODEL_LEN)
+    engine, name = build_engine(EngineArgs(max_num_seqs=48, max_model_len=MAX_MODEL_LEN),
+                                load_latency_model("cpu-tiny"))
     with BackgroundServer(build_server(engine, "emu")) as server:
         yield server
 

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.args import EngineArgs
 from engine.emulated import EmulatedRunner
 from engine.llm_engine import LLMEngine
 from engine.server import BackgroundServer, build_engine, build_server
+from simulator.latency import load_latency_model
 
 MAX_MODEL_LEN = 512
 
@@ -21,9 +23,9 @@ MAX_MODEL_LEN = 512
 @pytest.fixture(scope="module", params=["real", "emulated"])
 def server(request):
     if request.param == "real":
-        engine, name = build_engine("tiny", max_model_len=MAX_MODEL_LEN)
+        engine, name = build_engine(EngineArgs("tiny", max_model_len=MAX_MODEL_LEN))
     else:
-        engine, name = build_engine(emulate="cpu-tiny", max_model_len=MAX_MODEL_LEN)
+        engine, name = build_engine(EngineArgs(max_model_len=MAX_MODEL_LEN), load_latency_model("cpu-tiny"))
     with BackgroundServer(build_server(engine, name)) as s:
         s.model = name
         yield s
@@ -32,7 +34,8 @@ def server(request):
 @pytest.fixture(scope="module")
 def slow():
     """Emulated 70B replica: steps of 30-50 ms, long enough to catch requests mid-flight."""
-    engine, name = build_engine(emulate="h100-llama2-70b-tp4", max_num_seqs=1, max_model_len=1024)
+    engine, name = build_engine(EngineArgs(max_num_seqs=1, max_model_len=1024),
+                                load_latency_model("h100-llama2-70b-tp4"))
     with BackgroundServer(build_server(engine, name, max_waiting=1)) as s:
         s.model = name
         yield s
@@ -93,7 +96,7 @@ def test_openai_client_sees_bad_request(server):
 
 
 def test_api_key():
-    engine, name = build_engine(emulate="cpu-tiny")
+    engine, name = build_engine(EngineArgs(), load_latency_model("cpu-tiny"))
     with BackgroundServer(build_server(engine, name, api_key="sekrit")) as s:
         body = {"prompt": "hi", "max_tokens": 2}
         assert_error(httpx.post(s.url + CMPL, json=body), 401)
@@ -110,9 +113,9 @@ def test_api_key():
         assert httpx.get(s.url + "/metrics").status_code == 200
 
 
-def test_startup_delay_holds_health_at_503():
-    engine, name = build_engine(emulate="cpu-tiny")
-    with BackgroundServer(build_server(engine, name, startup_delay=0.6)) as s:
+def test_health_hold_keeps_health_at_503():
+    engine, name = build_engine(EngineArgs(), load_latency_model("cpu-tiny"))
+    with BackgroundServer(build_server(engine, name, health_hold=0.6)) as s:
         t0 = time.monotonic()
         assert httpx.get(s.url + "/health").status_code == 503
         assert_error(httpx.post(s.url + CMPL, json={"prompt": "x", "max_tokens": 1}), 503)
@@ -129,10 +132,8 @@ class BrokenRunner(EmulatedRunner):
 
 
 def test_dead_engine_gives_503():
-    from simulator.latency import LatencyModel
-
-    runner = BrokenRunner(LatencyModel.load("cpu-tiny"), num_kv_blocks=64)
-    engine = LLMEngine("broken", runner=runner)
+    runner = BrokenRunner(load_latency_model("cpu-tiny"), num_kv_blocks=64)
+    engine = LLMEngine(EngineArgs("broken"), runner=runner)
     with BackgroundServer(build_server(engine, "broken")) as s:
         assert httpx.get(s.url + "/health").status_code == 200
         err = assert_error(httpx.post(s.url + CMPL, json={"prompt": "x", "max_tokens": 2}), 503)
@@ -226,7 +227,7 @@ def schema_fields(app, model: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    engine, name = build_engine(emulate="cpu-tiny", max_model_len=256)
+    engine, name = build_engine(EngineArgs(max_model_len=256), load_latency_model("cpu-tiny"))
     app = build_server(engine, name)
     with BackgroundServer(app) as s:
         s.fields = {CMPL: schema_fields(app, "CompletionRequest"),

@@ -8,8 +8,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.args import EngineArgs
 from engine.metrics import buckets_1_2_5
 from engine.server import BackgroundServer, build_engine, build_server
+from simulator.latency import load_latency_model
 
 MAX_MODEL_LEN = 512
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -45,9 +47,9 @@ EXPECTED = {  # family name as the parser reports it (counters without _total) -
 @pytest.fixture(scope="module", params=["real", "emulated"])
 def server(request):
     if request.param == "real":
-        engine, name = build_engine("tiny", max_model_len=MAX_MODEL_LEN)
+        engine, name = build_engine(EngineArgs("tiny", max_model_len=MAX_MODEL_LEN))
     else:
-        engine, name = build_engine(emulate="cpu-tiny", max_model_len=MAX_MODEL_LEN)
+        engine, name = build_engine(EngineArgs(max_model_len=MAX_MODEL_LEN), load_latency_model("cpu-tiny"))
     with BackgroundServer(build_server(engine, name)) as s:
         s.model = name
         yield s
@@ -136,7 +138,8 @@ def test_counters_and_histograms_follow_the_requests(server):
 
 def test_preemptions_are_counted():
     # a pool of 8 blocks: two requests that each grow to 5 blocks cannot both stay
-    engine, name = build_engine(emulate="cpu-tiny", num_kv_blocks=8, max_model_len=128, max_num_seqs=4)
+    engine, name = build_engine(EngineArgs(num_kv_blocks=8, max_model_len=128, max_num_seqs=4),
+                                load_latency_model("cpu-tiny"))
     with BackgroundServer(build_server(engine, name)) as s:
         async def main():
             c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)

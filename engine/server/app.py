@@ -67,9 +67,9 @@ class GateMiddleware:
 
 class ServerState:
     def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None, max_waiting: int | None,
-                 startup_delay: float):
+                 health_hold: float):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
-        self.max_waiting, self.startup_delay = max_waiting, startup_delay
+        self.max_waiting, self.health_hold = max_waiting, health_hold
         self.ready_at = float("inf")  # set when the app starts
 
     def ready(self) -> bool:
@@ -77,13 +77,13 @@ class ServerState:
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-              max_waiting: int | None = None, startup_delay: float = 0.0) -> FastAPI:
-    state = ServerState(engine, model_name, api_key, max_waiting, startup_delay)
+              max_waiting: int | None = None, health_hold: float = 0.0) -> FastAPI:
+    state = ServerState(engine, model_name, api_key, max_waiting, health_hold)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start(asyncio.get_running_loop())
-        state.ready_at = time.monotonic() + startup_delay
+        state.ready_at = time.monotonic() + health_hold
         yield
         engine.stop()
 

@@ -7,46 +7,42 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import uvicorn
 from fastapi import FastAPI
 
-from engine.emulated import EmulatedRunner, default_kv_blocks, load_latency_model
+from engine.args import EngineArgs
+from engine.emulated import DEFAULT_MAX_MODEL_LEN, EmulatedRunner, StepTimeModel
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
 from engine.server.async_engine import AsyncEngine
 
 
-def build_engine(model: str | None = None, emulate: str | None = None, *, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, num_kv_blocks: int | None = None, block_size: int = 16,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 **engine_args) -> tuple[LLMEngine, str]:
-    """(engine, default served model name). emulate: a latency-model JSON path or shipped name."""
-    common = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  enable_prefix_caching=enable_prefix_caching)
-    if emulate is None:
-        if model is None:
-            raise ValueError("give --model PRESET|DIR, or --emulate MODEL.json")
-        engine = LLMEngine(model, num_kv_blocks=num_kv_blocks, block_size=block_size,
-                           max_model_len=max_model_len, **common, **engine_args)
-        return engine, model
-    latency = load_latency_model(emulate)
-    model_len = max_model_len or 4096
-    blocks = num_kv_blocks or default_kv_blocks(max_num_seqs, min(model_len, 2048), block_size)
-    runner = EmulatedRunner(latency, num_kv_blocks=blocks, block_size=block_size, max_model_len=model_len)
-    name = model or latency.model
-    return LLMEngine(name, runner=runner, **common), name
+def build_engine(args: EngineArgs | None = None,
+                 latency: StepTimeModel | None = None) -> tuple[LLMEngine, str]:
+    """(engine, default served model name). With a latency model the engine is emulated: no weights,
+    each step sleeps for the model's prediction, and the name is the model's `model` (if it has one)."""
+    args = args or EngineArgs()
+    if latency is None:
+        return LLMEngine(args), args.model
+    model_len = args.max_model_len or DEFAULT_MAX_MODEL_LEN
+    runner = EmulatedRunner(latency, num_kv_blocks=args.kv_blocks(model_len), block_size=args.block_size,
+                            max_model_len=model_len)
+    name = getattr(latency, "model", None) or args.model
+    return LLMEngine(replace(args, model=name), runner=runner), name
 
 
 def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = None,
-                 max_waiting: int | None = None, startup_delay: float = 0.0) -> FastAPI:
+                 max_waiting: int | None = None, health_hold: float = 0.0) -> FastAPI:
+    """health_hold: seconds /health answers 503 after start, as while a real server loads weights."""
     bm = engine.block_manager
     cache_info = {"block_size": bm.block_size, "num_gpu_blocks": bm.num_blocks, "cache_dtype": "auto",
                   "enable_prefix_caching": bm.enable_prefix_caching}
     metrics = EngineMetrics(model_name, engine.max_model_len, cache_info)
     metrics.update_gauges(engine)
-    return build_app(AsyncEngine(engine, metrics), model_name, api_key, max_waiting, startup_delay)
+    return build_app(AsyncEngine(engine, metrics), model_name, api_key, max_waiting, health_hold)
 
 
 class DrainingServer(uvicorn.Server):

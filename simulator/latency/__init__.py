@@ -1,5 +1,5 @@
 """Calibrated step-latency models (no torch): fit, save/load, predict."""
 
-from simulator.latency.model import LatencyModel, list_named
+from simulator.latency.model import LatencyModel, is_model_path, list_named, load_latency_model
 
-__all__ = ["LatencyModel", "list_named"]
+__all__ = ["LatencyModel", "is_model_path", "list_named", "load_latency_model"]

@@ -28,6 +28,7 @@ simulator advance identical decode steps in closed form.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -225,24 +226,30 @@ class LatencyModel:
 
     @classmethod
     def load(cls, path: str | Path) -> LatencyModel:
-        """Load a model JSON from a path, or a shipped model by name (see list_named())."""
+        """Load a model JSON file; load_latency_model() also takes a shipped model's name."""
         p = Path(path)
-        if not p.exists() and (MODELS_DIR / f"{path}.json").exists():
-            p = MODELS_DIR / f"{path}.json"
         try:
             d = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{p}: not valid JSON ({exc})") from None
         return cls.from_dict(d, str(p))
 
-    @classmethod
-    def load_named(cls, name: str) -> LatencyModel:
-        path = MODELS_DIR / f"{name}.json"
-        if not path.exists():
-            raise ValueError(f"no shipped latency model {name!r}; shipped: {', '.join(list_named())}")
-        return cls.load(path)
-
 
 def list_named() -> list[str]:
     """Names of the models shipped in simulator/latency/models/."""
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def is_model_path(name_or_path: str | Path) -> bool:
+    """The one naming rule: a path has a '/' or ends in .json; anything else is a shipped model's name."""
+    text = str(name_or_path)
+    return isinstance(name_or_path, Path) or "/" in text or os.sep in text or text.endswith(".json")
+
+
+def load_latency_model(name_or_path: str | Path) -> LatencyModel:
+    """A latency model from a JSON path or a shipped name (list_named()), by is_model_path's rule."""
+    path = Path(name_or_path) if is_model_path(name_or_path) else MODELS_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ValueError(f"latency model {str(name_or_path)!r}: no such file or shipped model "
+                         f"(a path has a '/' or ends in .json; shipped: {', '.join(list_named())})")
+    return LatencyModel.load(path)

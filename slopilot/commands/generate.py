@@ -15,32 +15,28 @@ DEFAULT_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.args import EngineArgs, add_cli_args
+
     p.add_argument("prompts", nargs="*", help="prompts (default: a few built-in ones)")
-    p.add_argument("--model", default="tiny", help="preset name or a local model directory")
+    p.add_argument("--model", default=EngineArgs.model, help="preset name or a local model directory")
     p.add_argument("--num-prompts", type=int, default=64, help="repeat the prompts up to this many requests")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--attention-backend", default="auto")
+    add_cli_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from engine import LLM, SamplingParams
+    from engine import SamplingParams
+    from engine.args import from_cli
+    from engine.llm import LLM
 
     if args.num_prompts < 1 or args.max_tokens < 1:
         raise ValueError("--num-prompts and --max-tokens must be >= 1")
     base = args.prompts or DEFAULT_PROMPTS
     prompts = [base[i % len(base)] for i in range(args.num_prompts)]
-    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              num_kv_blocks=args.num_kv_blocks, seed=args.seed, device=args.device, dtype=args.dtype,
-              attention_backend=args.attention_backend)
+    llm = LLM.from_engine_args(from_cli(args, model=args.model))
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed + i,
                              ignore_eos=True) for i in range(len(prompts))]
     start = time.perf_counter()

@@ -10,7 +10,7 @@ HELP = "predict step latency for profile-format rows (adds predicted_ms; with la
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model JSON, or the name of a shipped model (e.g. h100-llama2-70b-tp4)")
+    p.add_argument("model", help="a model JSON path, or a shipped model name (e.g. h100-llama2-70b-tp4)")
     p.add_argument("rows", type=Path, help="CSV in the profile format; latency_ms may be absent")
     p.add_argument("-o", "--output", type=Path, help="CSV to write (default: stdout)")
 
@@ -20,11 +20,11 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from simulator.latency import load_latency_model
     from simulator.latency.fit import ape_table, format_errors
-    from simulator.latency.model import LatencyModel
     from simulator.latency.profile import read_profile
 
-    model = LatencyModel.load(args.model)
+    model = load_latency_model(args.model)
     prof = read_profile(args.rows, require_latency=False)
     pred = model.predict_profile(prof)
     columns = [c for c in prof.columns if c != "predicted_ms"] + ["predicted_ms"]

@@ -1,0 +1,73 @@
+"""Engine settings in one place: LLMEngine, LLM, build_engine and the CLI all take an EngineArgs.
+
+Each default is written here once; the CLI flags take theirs from the dataclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from engine.core.block_manager import cdiv
+
+# with no num_kv_blocks, the pool holds every running request at full length, up to this many tokens each
+DEFAULT_KV_TOKENS_PER_SEQ = 2048
+
+
+@dataclass
+class EngineArgs:
+    model: str = "tiny"  # preset name or a local model directory
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: int | None = None  # None: kv_blocks() sizes the pool
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's (or the runner's) limit
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
+
+    def kv_blocks(self, max_model_len: int) -> int:
+        """The KV pool size: num_kv_blocks, or room for every running request at full length (capped)."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        return self.max_num_seqs * cdiv(min(max_model_len, DEFAULT_KV_TOKENS_PER_SEQ), self.block_size)
+
+
+def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
+    """The engine's flags (all but --model), defaults from EngineArgs. real_only: a note for the
+    flags an emulated engine ignores."""
+    d = EngineArgs()
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests in a batch")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="most tokens computed in a step")
+    g.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks,
+                   help="KV pool size (default: --max-num-seqs requests of up to "
+                   f"{DEFAULT_KV_TOKENS_PER_SEQ} tokens)")
+    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    g.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", default=d.device, help=real_only or None)
+    g.add_argument("--dtype", default=d.dtype, help=real_only or None)
+    g.add_argument("--attention-backend", default=d.attention_backend, help=real_only or None)
+
+
+def from_cli(args: argparse.Namespace, model: str | None = None) -> EngineArgs:
+    """EngineArgs from the flags add_cli_args made (and --model, when the command has one)."""
+    values = {f.name: getattr(args, f.name) for f in fields(EngineArgs)
+              if f.name != "model" and hasattr(args, f.name)}
+    if model is not None:
+        values["model"] = model
+    return EngineArgs(**values)
