@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 
 from engine.core.batch_shape import BatchShape
+from engine.core.profile_csv import PROFILE_COLUMNS
 from engine.core.sequence import Sequence
 
-CSV_COLUMNS = ["device", "model", "dtype", "tp", "phase", "batch_size", "num_tokens", "context_tokens",
-               "latency_ms", "prefill_tokens", "prefill_context", "prefill_seqs", "cached_tokens",
+CSV_COLUMNS = [*PROFILE_COLUMNS, "prefill_tokens", "prefill_context", "prefill_seqs", "cached_tokens",
                "decode_seqs", "decode_context", "repeats", "latency_min_ms", "latency_max_ms"]
 
 

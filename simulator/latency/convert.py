@@ -14,10 +14,10 @@ import csv
 import json
 from pathlib import Path
 
-PROFILE_COLUMNS = ["device", "model", "dtype", "tp", "phase", "batch_size", "num_tokens", "context_tokens",
-                   "latency_ms"]
-SPLITWISE_COLUMNS = PROFILE_COLUMNS + ["prompt_tokens", "output_tokens", "source_row"]
-DISTSERVE_COLUMNS = PROFILE_COLUMNS + ["prompt_tokens", "seq_context"]
+from engine.core.profile_csv import PROFILE_COLUMNS
+
+SPLITWISE_COLUMNS = [*PROFILE_COLUMNS, "prompt_tokens", "output_tokens", "source_row"]
+DISTSERVE_COLUMNS = [*PROFILE_COLUMNS, "prompt_tokens", "seq_context"]
 DTYPE = "fp16"  # both sources measured 16-bit weights
 
 # DistServe grid: OPT's positions stop at 2048; batches as served by vLLM on one A100 node

@@ -1,9 +1,8 @@
 """Profile CSV rows (one measured engine step each), read and checked into numpy columns.
 
-Columns: device,model,dtype,tp,phase,batch_size,num_tokens,context_tokens,latency_ms (extra
-columns are kept). Mixed (chunked-prefill) rows may carry the split columns prefill_tokens,
-prefill_context, prefill_seqs, decode_seqs, decode_context (our profiler writes them); without
-them a mixed row is split as described in `step_shape`.
+Columns: engine.core.profile_csv.PROFILE_COLUMNS (extra columns are kept). Mixed
+(chunked-prefill) rows may carry the split columns MIXED_COLUMNS (our profiler writes them);
+without them a mixed row is split as described in `step_shape`.
 """
 
 from __future__ import annotations
@@ -15,11 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-KEY_COLUMNS = ("device", "model", "dtype", "tp")
-SHAPE_COLUMNS = ("batch_size", "num_tokens", "context_tokens")
-REQUIRED = KEY_COLUMNS + ("phase",) + SHAPE_COLUMNS
-PHASES = ("prefill", "decode", "mixed")
-MIXED_COLUMNS = ("prefill_tokens", "decode_seqs", "prefill_context", "prefill_seqs", "decode_context")
+from engine.core.profile_csv import KEY_COLUMNS, MIXED_COLUMNS, PHASES, PROFILE_COLUMNS, SHAPE_COLUMNS
 
 
 @dataclass
@@ -102,7 +97,7 @@ def _number(value: str, row: int, col: str, where: str) -> float:
 def parse_rows(rows: list[dict[str, str]], columns: list[str], where: str = "<rows>",
                require_latency: bool = True) -> Profile:
     """Check rows (row numbers count the header as line 1, as an editor shows them)."""
-    need = REQUIRED + (("latency_ms",) if require_latency else ())
+    need = [c for c in PROFILE_COLUMNS if require_latency or c != "latency_ms"]
     missing = [c for c in need if c not in columns]
     if missing:
         raise ValueError(f"{where}: missing column(s) {', '.join(missing)} (header has {', '.join(columns)})")
