@@ -58,7 +58,8 @@ def simulate(
     workload: Workload | None = None,
 ) -> SimResult:
     """Runs a scenario (a Scenario, a path or a dict); writes DIR when given."""
-    from simulator.report import summarize, write_outputs
+    from simulator.output import write_outputs
+    from simulator.report import summarize
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     seed = sc.seed if seed is None else seed
