@@ -14,6 +14,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from engine.core.block_hash import block_hashes
+
 
 class ReplicaView(Protocol):
     id: int
@@ -25,12 +27,7 @@ class ReplicaView(Protocol):
 
 def prefix_hashes(token_ids: Sequence[int], block_tokens: int, max_blocks: int = 256) -> list[int]:
     """Chained hashes of the prompt's full router blocks (coarser than the engine's 16-token blocks)."""
-    out, parent = [], 0
-    n = min(len(token_ids) // block_tokens, max_blocks)
-    for i in range(n):
-        parent = hash((parent, tuple(token_ids[i * block_tokens : (i + 1) * block_tokens])))
-        out.append(parent)
-    return out
+    return list(block_hashes(token_ids, block_tokens, 0, min(len(token_ids) // block_tokens, max_blocks)))
 
 
 class PrefixIndex:

@@ -1,12 +1,13 @@
 """Per-sequence block tables over a fixed KV pool, with vLLM-style prefix caching.
 
-Each full block is keyed by a chained hash (parent block's hash, the block's token ids). A block
+Each full block is keyed by its chained hash (engine.core.block_hash). A block
 found by hash is shared by reference count. When its last user finishes, a cached block stays in
 the allocator's LRU free queue, still findable, until allocation evicts it.
 """
 
 from __future__ import annotations
 
+from engine.core.block_hash import ROOT, block_hashes
 from engine.core.page_allocator import make_allocator
 from engine.core.sequence import Sequence
 
@@ -39,14 +40,6 @@ class BlockManager:
         """Fraction of the pool held by live requests (vllm:kv_cache_usage_perc)."""
         return 1.0 - self.allocator.num_free / self.num_blocks
 
-    def block_hashes_of(self, token_ids: list[int], num_blocks: int, parent: int = 0) -> list[int]:
-        bs = self.block_size
-        hashes = []
-        for i in range(num_blocks):
-            parent = hash((parent, tuple(token_ids[i * bs:(i + 1) * bs])))
-            hashes.append(parent)
-        return hashes
-
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks for the longest cached prefix of seq (block ids, their hashes). Pure.
 
@@ -55,15 +48,12 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return [], []
         blocks, hashes = [], []
-        parent = 0
-        bs = self.block_size
-        for i in range((len(seq) - 1) // bs):
-            parent = hash((parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
-            block = self.cached.get(parent)
+        for h in block_hashes(seq.token_ids, self.block_size, 0, (len(seq) - 1) // self.block_size):
+            block = self.cached.get(h)
             if block is None:
                 break
             blocks.append(block)
-            hashes.append(parent)
+            hashes.append(h)
         return blocks, hashes
 
     def can_admit(self, seq: Sequence, hit_blocks: list[int], num_new_tokens: int) -> bool:
@@ -109,16 +99,17 @@ class BlockManager:
         """Registers the blocks that the last step filled, so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        full = seq.num_computed_tokens // bs
-        parent = seq.block_hashes[-1] if seq.block_hashes else 0
-        for i in range(len(seq.block_hashes), full):
-            parent = hash((parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
-            seq.block_hashes.append(parent)
+        done = len(seq.block_hashes)
+        full = seq.num_computed_tokens // self.block_size
+        if full <= done:
+            return
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT
+        for i, h in enumerate(block_hashes(seq.token_ids, self.block_size, done, full, parent), start=done):
+            seq.block_hashes.append(h)
             block = seq.block_table[i]
-            if parent not in self.cached and block not in self.block_hash:
-                self.cached[parent] = block
-                self.block_hash[block] = parent
+            if h not in self.cached and block not in self.block_hash:
+                self.cached[h] = block
+                self.block_hash[block] = h
 
     def free(self, seq: Sequence) -> None:
         """Releases seq's blocks, last block first so it is evicted first."""
