@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -74,9 +75,11 @@ def _number(text: str, where: str) -> float:
         ) from None
 
 
-def read_series(text: str, trigger_names: list[str], name: str = "SERIES.csv") -> tuple[list[Row], bool]:
-    """Parse and check the whole series; errors name the file, line and column."""
-    reader = csv.reader(io.StringIO(text))
+def read_series(lines: Iterable[str], trigger_names: list[str], name: str = "SERIES.csv"
+                ) -> tuple[list[Row], bool]:
+    """Parse and check the series, line by line (an open file, or any iterable of CSV lines; a str is
+    taken as the whole text); errors name the file, line and column."""
+    reader = csv.reader(io.StringIO(lines) if isinstance(lines, str) else lines)
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:

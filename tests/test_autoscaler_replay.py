@@ -120,3 +120,15 @@ def test_null_nan_inf_error_cells_parse():
     assert rows[0].metrics["a"] is None and rows[0].metrics["b"] != rows[0].metrics["b"]  # NaN
     assert rows[1].errors == {"a"} and rows[1].metrics["b"] == float("inf")
     assert rows[2].metrics == {"a": float("-inf"), "b": 3.0}
+
+
+def test_series_is_read_from_an_iterator_of_lines():
+    def lines():  # a generator: read once, line by line, as from an open file
+        yield "time,queue\n"
+        for t in range(0, 100, 10):
+            yield f"{t},{t // 10}\n"
+
+    rows, rfc = read_series(lines(), ["queue"])
+    text_rows, _ = read_series("".join(lines()), ["queue"])
+    assert not rfc and [r.time for r in rows] == list(range(0, 100, 10))
+    assert [(r.line, r.metrics) for r in rows] == [(r.line, r.metrics) for r in text_rows]

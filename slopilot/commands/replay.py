@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{args.step_model}: not valid JSON: {exc}") from None
     policy = make_policy(spec, latency_model=model)
-    rows, rfc = read_series(series_path.read_text(), [t.name for t in spec.triggers], str(series_path))
+    with series_path.open(newline="") as lines:
+        rows, rfc = read_series(lines, [t.name for t in spec.triggers], str(series_path))
     initial = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
     results = replay(policy, rows, args.interval or spec.polling_interval, initial)
     text = to_csv(results, rfc)
