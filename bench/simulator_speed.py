@@ -8,6 +8,11 @@ reports wall time and peak memory (tracemalloc is not used: it would slow the ru
 child process is).
 
     .venv/bin/python bench/simulator_speed.py [--repeats 3] [--skip-scale] [--baseline-limit 4000]
+        [--against COMMIT]
+
+`--against COMMIT` also times the Azure run on that commit's simulator (a temporary git worktree),
+interleaved with this tree's, each in a fresh child process, and prints the ratio: a refactor must
+not make the simulator slower.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,18 +56,10 @@ def shared_data() -> Path:
 
 
 def azure_scenario(limit: int | None = None):
-    trace = {"format": "azure", "path": str(shared_data() / "traces" / "azure_llm_2023_conv.csv")}
+    d = azure_dict()
     if limit:
-        trace["limit"] = limit
-    return load_scenario(
-        {
-            "seed": 0,
-            "workload": {"trace": trace},
-            "pools": [dict(POOL, replicas=8)],
-            "router": {"policy": "least_outstanding"},
-            "slo": {"ttft": 2.0, "tpot": 0.1},
-        }
-    )
+        d["workload"]["trace"]["limit"] = limit
+    return load_scenario(d)
 
 
 def timed_run(sc, wl, fast: bool) -> tuple[float, float, Fleet]:
@@ -106,6 +104,56 @@ def scale_child() -> None:
     )
 
 
+# Times the Azure run on the simulator found first on sys.path (the tree under test); prints JSON.
+AZURE_CHILD = """
+import json, sys, time
+from simulator.fleet import Fleet
+from simulator.run import build_workload
+from simulator.scenario import load_scenario
+sc = load_scenario(json.loads(sys.argv[1]))
+wl = build_workload(sc, 0)
+t, c = time.perf_counter(), time.process_time()
+f = Fleet(sc, wl)
+f.run()
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "requests": len(wl)}))
+"""
+
+
+def azure_dict() -> dict:
+    trace = {"format": "azure", "path": str(shared_data() / "traces" / "azure_llm_2023_conv.csv")}
+    return {"seed": 0, "workload": {"trace": trace}, "pools": [dict(POOL, replicas=8)],
+            "router": {"policy": "least_outstanding"}, "slo": {"ttft": 2.0, "tpot": 0.1}}
+
+
+def time_in_tree(tree: Path) -> dict:
+    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", AZURE_CHILD, json.dumps(azure_dict())], cwd=tree, env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def against(commit: str, repeats: int) -> None:
+    """This tree against `commit`, interleaved, in fresh processes; CPU seconds are the fairer figure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), commit],
+                       check=True, capture_output=True)
+        try:
+            ours, theirs = [], []
+            for _ in range(repeats):
+                theirs.append(time_in_tree(base))
+                ours.append(time_in_tree(ROOT))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           capture_output=True)
+    for key in ("wall_s", "cpu_s"):
+        o = statistics.median(r[key] for r in ours)
+        t = statistics.median(r[key] for r in theirs)
+        print(f"Azure conv fast path vs {commit[:12]}: {key} median {o:.2f} (ours) vs {t:.2f} (then): "
+              f"ours/then = {o / t:.3f}  (runs ours {', '.join(f'{r[key]:.2f}' for r in ours)}; "
+              f"then {', '.join(f'{r[key]:.2f}' for r in theirs)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -116,12 +164,15 @@ def main() -> None:
         help="requests of the trace for the step-by-step comparison (the full trace takes minutes)",
     )
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--against", metavar="COMMIT", help="also compare the Azure run with this commit's")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.scale_child:
         scale_child()
         return
 
+    if args.against:
+        against(args.against, args.repeats)
     sc = azure_scenario()
     wl = build_workload(sc, 0)
     times, cpus = [], []
