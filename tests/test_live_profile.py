@@ -148,7 +148,7 @@ def test_simulator_wakeup_delays_the_first_step_after_idle():
         # a request to an idle replica, one 0.5 ms later (inside the wake-up), one after both finish
         wl = Workload(np.array([0.1, 0.1005, 1.0]), np.array([100, 100, 100]), np.array([1, 1, 1]))
         f = simulate(sc, workload=wl, plots=False, models={"m": model}).fleet
-        return (f.req_first_token - f.arrival_ps) / 1e9  # ms
+        return (f.requests.first_token - f.arrival_ps) / 1e9  # ms
 
     assert run(0.0) == pytest.approx([3.0, 3.0 + 2.5, 3.0])  # the second waits for the first step
     # with a 1 ms wake-up both early requests join the first step, 1 ms after the first arrival
