@@ -164,7 +164,7 @@ class LocalFleet(Target):
             raise
         return self
 
-    def wait_ready(self, timeout: float) -> bool:
+    def wait_until_ready(self, timeout: float) -> bool:
         """Waits until ready == current; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -177,7 +177,7 @@ class LocalFleet(Target):
 
     def stop(self, grace: float | None = None) -> None:
         """SIGTERMs every replica, waits up to `grace` seconds (default drain_timeout + 5) for them to
-        drain and exit, SIGKILLs what is left. Idempotent; safe from signal handlers' callers."""
+        drain and exit, SIGKILLs what is left. Idempotent; also registered with atexit by start()."""
         with self._lock:
             if self._thread is None or self._stopping:
                 thread = self._thread
@@ -305,8 +305,11 @@ class LocalFleet(Target):
         with self._lock:
             self._serial += 1
             serial = self._serial
+            taken = {r.port for r in self._replicas}
         rid = f"r{serial}"
         port = free_port(self.host)
+        while port in taken:  # a port handed out twice in a row; a draining replica may still hold it
+            port = free_port(self.host)
         r = Replica(rid, self.command + self.config.serve_args(port, self.host), port,
                     self.run_dir / "replicas" / f"{rid}.log", self.host)
         try:
