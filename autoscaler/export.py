@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 
+from autoscaler.schema import POLICY, defaults_of
 from autoscaler.spec import Spec
 
 NO_EQUIVALENT = {
@@ -71,8 +72,9 @@ def to_scaled_object(spec: Spec, server_address: str = "http://prometheus:9090")
         if behavior:
             out_spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior}}
     elif spec.policy_type == "ratio":
-        up, down = block.get("scaleUpThreshold", 0.55), block.get("scaleDownThreshold", 0.40)
-        clamp, window = block.get("clamp", 2.0), block.get("windowSeconds", 45.0)
+        o = {**defaults_of(POLICY["properties"]["ratio"]), **block}
+        up, down = o["scaleUpThreshold"], o["scaleDownThreshold"]
+        clamp, window = o["clamp"], o["windowSeconds"]
         triggers, terms = [], []
         for slo in spec.slos:
             metric = TTFT_METRIC if slo.metric == "ttft" else TPOT_METRIC

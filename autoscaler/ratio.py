@@ -12,17 +12,12 @@ Defaults up 0.55, down 0.40, clamp 2.0, window 45 s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
+from autoscaler.slo import SloTarget
 
-
-@dataclass
-class SloTarget:
-    metric: str  # "ttft" or "tpot"
-    percentile: float  # e.g. 90
-    seconds: float
+__all__ = ["RatioPolicy", "SloTarget", "observed_percentile", "ratio_step", "slo_ratio"]
 
 
 def observed_percentile(obs: Observation, metric: str, percentile: float) -> float | None:

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
-from autoscaler.ratio import SloTarget
+from autoscaler.slo import SloTarget
 
 
 class StepTimeModel(Protocol):

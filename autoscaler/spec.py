@@ -1,26 +1,40 @@
 """Policy specs: load a KEDA ScaledObject or an InferenceAutoscaler, and build its Policy.
 
-    spec = load_spec(yaml_text_or_dict)          # validated by autoscaler.schema, with defaults
+    spec = load_spec(text, path="x.yaml")        # validated by autoscaler.schema, with defaults
     policy = make_policy(spec, latency_model=m)  # m: any object with step_ms(...) (sloModel only)
 
-Defaults are KEDA's for ScaledObjects (min 0, max 100, polling 30 s, cooldown 300 s) and ours for the
-InferenceAutoscaler (min 1, polling 15 s, startup delay 120 s).
+Defaults are the ones the schema states: KEDA's for ScaledObjects (min 0, max 100, polling 30 s,
+cooldown 300 s), ours for the InferenceAutoscaler (min 1, polling 15 s); a policy's options default
+to its class's keyword defaults. Errors name the file (when given), the line and the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import yaml
-
 from autoscaler import hpa
 from autoscaler.expr import Formula
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.kpa import KpaPolicy, KpaSpec
 from autoscaler.policy import Policy
-from autoscaler.ratio import RatioPolicy, SloTarget
-from autoscaler.schema import IA_API_VERSION, validate
+from autoscaler.ratio import RatioPolicy
+from autoscaler.schema import (
+    IA_API_VERSION,
+    INFERENCE_AUTOSCALER,
+    POLICY,
+    RATIO_OPTIONS,
+    SCALED_OBJECT,
+    SLO_MODEL_OPTIONS,
+    defaults_of,
+    validate,
+)
+from autoscaler.slo import SloTarget
 from autoscaler.slo_model import SloModelPolicy, StepTimeModel
+from autoscaler.yamlfile import Document, document, parse
+
+SO_DEFAULTS = defaults_of(SCALED_OBJECT["properties"]["spec"])
+IA_DEFAULTS = defaults_of(INFERENCE_AUTOSCALER["properties"]["spec"])
+KPA_DEFAULTS = defaults_of(POLICY["properties"]["kpa"])
 
 
 @dataclass
@@ -32,7 +46,7 @@ class Spec:
     min_replicas: int
     max_replicas: int
     polling_interval: float
-    startup_delay: float = 120.0
+    startup_delay: float = IA_DEFAULTS["startupDelaySeconds"]  # InferenceAutoscaler only
     slos: list[SloTarget] = field(default_factory=list)
     keda: KedaConfig | None = None  # keda and hpa policies
     options: dict = field(default_factory=dict)  # the policy's own block (ratio, sloModel, kpa)
@@ -49,13 +63,13 @@ def _bool(v, default: bool) -> bool:
     return v if isinstance(v, bool) else str(v).lower() == "true"
 
 
-def _triggers(raw: list[dict], path: str) -> list[Trigger]:
+def _triggers(doc: Document) -> list[Trigger]:
     out, seen = [], set()
-    for i, t in enumerate(raw):
+    for i, t in enumerate(doc.data):
         md = t["metadata"]
         name = t.get("name") or f"s{i}"
         if name in seen:
-            raise ValueError(f"{path}[{i}].name: duplicate trigger name {name!r}")
+            raise doc.error((i, "name"), f"duplicate trigger name {name!r}")
         seen.add(name)
         out.append(
             Trigger(
@@ -69,7 +83,7 @@ def _triggers(raw: list[dict], path: str) -> list[Trigger]:
             )
         )
         if out[-1].threshold <= 0:
-            raise ValueError(f"{path}[{i}].metadata.threshold: must be > 0")
+            raise doc.error((i, "metadata", "threshold"), "must be > 0")
     return out
 
 
@@ -98,10 +112,9 @@ def _tolerances(behavior: hpa.Behavior | None, default: float) -> hpa.Tolerances
     return hpa.Tolerances(down=down, up=up)
 
 
-def _keda_config(
-    block: dict, path: str, min_r: int, max_r: int, polling: float, activation: bool
-) -> KedaConfig:
-    triggers = _triggers(block["triggers"], f"{path}.triggers")
+def _keda_config(doc: Document, min_r: int, max_r: int, polling: float, activation: bool) -> KedaConfig:
+    block = doc.data
+    triggers = _triggers(doc.at("triggers"))
     adv = block.get("advanced", {})
     behavior = _behavior(
         adv.get("horizontalPodAutoscalerConfig", {}).get("behavior") or block.get("behavior")
@@ -109,17 +122,15 @@ def _keda_config(
     mods = None
     if "scalingModifiers" in adv:
         m = adv["scalingModifiers"]
-        mp = f"{path}.advanced.scalingModifiers"
+        where = ("advanced", "scalingModifiers", "formula")
         try:
             formula = Formula(m["formula"])
         except ValueError as exc:
-            raise ValueError(f"{mp}.formula: {exc}") from None
+            raise doc.error(where, str(exc)) from None
         unknown = sorted(formula.names - {t.name for t in triggers})
         if unknown:
-            raise ValueError(
-                f"{mp}.formula: unknown trigger name(s) {', '.join(unknown)} "
-                f"(triggers: {', '.join(t.name for t in triggers)})"
-            )
+            names = ", ".join(t.name for t in triggers)
+            raise doc.error(where, f"unknown trigger name(s) {', '.join(unknown)} (triggers: {names})")
         mods = ScalingModifiers(
             m["formula"],
             float(m["target"]),
@@ -132,57 +143,56 @@ def _keda_config(
         fb = Fallback(f["failureThreshold"], f["replicas"], f.get("behavior", "static"))
     idle = block.get("idleReplicaCount")
     if idle is not None and idle >= min_r:
-        raise ValueError(f"{path}.idleReplicaCount: must be less than minReplicaCount ({min_r})")
+        raise doc.error(("idleReplicaCount",), f"must be less than minReplicaCount ({min_r})")
+    cooldowns = {"cooldownPeriod": "cooldown_period", "initialCooldownPeriod": "initial_cooldown_period"}
     return KedaConfig(
         triggers=triggers,
         min_replica_count=min_r,
         max_replica_count=max_r,
         polling_interval=polling,
-        cooldown_period=block.get("cooldownPeriod", 300),
-        initial_cooldown_period=block.get("initialCooldownPeriod", 0),
         idle_replica_count=idle,
         fallback=fb,
         behavior=behavior,
         modifiers=mods,
         tolerance=_tolerances(behavior, float(block.get("tolerance", hpa.DEFAULT_TOLERANCE))),
         activation=activation,
+        **_keywords({k: v for k, v in block.items() if k in cooldowns}, cooldowns),
     )
 
 
-def load_spec(source: str | dict) -> Spec:
-    """Parse YAML text (or an already-parsed dict), validate it against the one schema, fill defaults."""
+def load_spec(source: str | dict | Document, path: str | None = None) -> Spec:
+    """A spec from YAML text, parsed data or a Document: validated against the one schema, defaults
+    filled. path names the file in error messages (the caller reads it; nothing here opens files)."""
     if isinstance(source, str):
-        try:
-            doc = yaml.safe_load(source)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"spec: not valid YAML: {exc}") from None
+        doc = parse(source, path)
     else:
-        doc = source
+        doc = document(source, path)
     validate(doc)
-    s = doc["spec"]
-    name, target = doc["metadata"]["name"], s["scaleTargetRef"]["name"]
-    if doc["kind"] == "ScaledObject":
-        min_r, max_r = s.get("minReplicaCount", 0), s.get("maxReplicaCount", 100)
+    d = doc.data
+    s = d["spec"]
+    sdoc = doc.at("spec")
+    name, target = d["metadata"]["name"], s["scaleTargetRef"]["name"]
+    if d["kind"] == "ScaledObject":
+        min_r = s.get("minReplicaCount", SO_DEFAULTS["minReplicaCount"])
+        max_r = s.get("maxReplicaCount", SO_DEFAULTS["maxReplicaCount"])
         if min_r > max_r:
-            raise ValueError("spec.minReplicaCount: must be <= maxReplicaCount")
-        polling = float(s.get("pollingInterval", 30))
-        cfg = _keda_config(s, "spec", min_r, max_r, polling, activation=True)
-        return Spec("ScaledObject", name, target, "keda", min_r, max_r, polling, keda=cfg, doc=doc)
+            raise sdoc.error(("minReplicaCount",), "must be <= maxReplicaCount")
+        polling = float(s.get("pollingInterval", SO_DEFAULTS["pollingInterval"]))
+        cfg = _keda_config(sdoc, min_r, max_r, polling, activation=True)
+        return Spec("ScaledObject", name, target, "keda", min_r, max_r, polling, keda=cfg, doc=d)
 
-    min_r, max_r = s.get("minReplicas", 1), s["maxReplicas"]
+    min_r, max_r = s.get("minReplicas", IA_DEFAULTS["minReplicas"]), s["maxReplicas"]
     if min_r > max_r:
-        raise ValueError("spec.minReplicas: must be <= maxReplicas")
-    polling = float(s.get("pollingInterval", 15))
-    slos = [
-        SloTarget(m, float(v.get("percentile", 90)), float(v["seconds"])) for m, v in s.get("slo", {}).items()
-    ]
+        raise sdoc.error(("minReplicas",), "must be <= maxReplicas")
+    polling = float(s.get("pollingInterval", IA_DEFAULTS["pollingInterval"]))
+    slos = [SloTarget.from_yaml(m, v) for m, v in s.get("slo", {}).items()]
     pol = s["policy"]
     ptype = pol["type"]
     block = pol.get(ptype)
     if block is None and ptype in ("keda", "hpa"):
-        raise ValueError(f"spec.policy.{ptype}: is required when spec.policy.type is {ptype}")
+        raise sdoc.error(("policy", ptype), f"is required when spec.policy.type is {ptype}")
     if ptype in ("ratio", "sloModel") and not slos:
-        raise ValueError(f"spec.slo: is required for the {ptype} policy (ttft and/or tpot)")
+        raise sdoc.error(("slo",), f"is required for the {ptype} policy (ttft and/or tpot)")
     spec = Spec(
         "InferenceAutoscaler",
         name,
@@ -191,66 +201,51 @@ def load_spec(source: str | dict) -> Spec:
         min_r,
         max_r,
         polling,
-        float(s.get("startupDelaySeconds", 120)),
+        float(s.get("startupDelaySeconds", IA_DEFAULTS["startupDelaySeconds"])),
         slos,
         options=block or {},
-        doc=doc,
+        doc=d,
     )
     if ptype in ("keda", "hpa"):
-        spec.keda = _keda_config(
-            block, f"spec.policy.{ptype}", min_r, max_r, polling, activation=ptype == "keda"
-        )
+        spec.keda = _keda_config(sdoc.at("policy", ptype), min_r, max_r, polling, activation=ptype == "keda")
     return spec
+
+
+def _keywords(options: dict, names: dict[str, str]) -> dict:
+    """The options a spec sets, under the policy's keyword names (the class holds the defaults)."""
+    return {names[k]: v for k, v in options.items()}
 
 
 def make_policy(spec: Spec, latency_model: StepTimeModel | None = None) -> Policy:
     """The Policy a spec describes; latency_model is required for sloModel only."""
-    o = spec.options
     common = dict(
         min_replicas=spec.min_replicas, max_replicas=spec.max_replicas, polling_interval=spec.polling_interval
     )
     if spec.policy_type in ("keda", "hpa"):
         return KedaPolicy(spec.keda)
     if spec.policy_type == "ratio":
-        return RatioPolicy(
-            spec.slos,
-            up=o.get("scaleUpThreshold", 0.55),
-            down=o.get("scaleDownThreshold", 0.40),
-            clamp=o.get("clamp", 2.0),
-            window=o.get("windowSeconds", 45.0),
-            **common,
-        )
+        return RatioPolicy(spec.slos, **_keywords(spec.options, RATIO_OPTIONS), **common)
     if spec.policy_type == "sloModel":
         return SloModelPolicy(
             spec.slos,
             latency_model,
             startup_delay=spec.startup_delay,
-            margin=o.get("margin", 0.15),
-            forecast_window=o.get("forecastWindowSeconds", 300.0),
-            scale_down_delay=o.get("scaleDownDelaySeconds", 180.0),
-            max_batch_seqs=o.get("maxBatchSeqs", 256),
-            prompt_cv=o.get("promptCV", 1.0),
-            drain_seconds=o.get("drainSeconds", 60.0),
-            trend_window=o.get("trendWindowSeconds", 60.0),
-            burst_rise=o.get("burstRise", 0.2),
-            burst_z=o.get("burstZ", 4.0),
-            burst_slope=o.get("burstSlope", "trend"),
-            drop_on_fall=o.get("dropOnFall", False),
+            **_keywords(spec.options, SLO_MODEL_OPTIONS),
             **common,
         )
-    if spec.policy_type == "kpa":
-        stable = float(o.get("stableWindowSeconds", 60))
-        target = float(o.get("target", 100)) * float(o.get("targetUtilization", 0.7))
+    if spec.policy_type == "kpa":  # Knative's percentages, turned into KpaSpec's fractions
+        o = {**KPA_DEFAULTS, **spec.options}
+        stable = float(o["stableWindowSeconds"])
         kspec = KpaSpec(
-            target_value=target,
-            max_scale_up_rate=o.get("maxScaleUpRate", 1000.0),
-            max_scale_down_rate=o.get("maxScaleDownRate", 2.0),
-            panic_threshold=o.get("panicThresholdPercentage", 200.0) / 100.0,
+            target_value=float(o["target"]) * float(o["targetUtilization"]),
+            max_scale_up_rate=o["maxScaleUpRate"],
+            max_scale_down_rate=o["maxScaleDownRate"],
+            panic_threshold=o["panicThresholdPercentage"] / 100.0,
             stable_window=stable,
-            panic_window=stable * o.get("panicWindowPercentage", 10.0) / 100.0,
-            scale_down_delay=o.get("scaleDownDelaySeconds", 0.0),
+            panic_window=stable * o["panicWindowPercentage"] / 100.0,
+            scale_down_delay=o["scaleDownDelaySeconds"],
         )
-        return KpaPolicy(kspec, o.get("metric", "concurrency"), **common)
+        return KpaPolicy(kspec, o["metric"], **common)
     raise ValueError(f"spec.policy.type: unknown policy {spec.policy_type!r}")
 
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from autoscaler import load_spec, make_policy
-from autoscaler.schema import INFERENCE_AUTOSCALER, crd, crd_yaml, validate
+from autoscaler.crd import crd, crd_yaml
+from autoscaler.schema import INFERENCE_AUTOSCALER, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "replay"
@@ -60,7 +61,7 @@ def test_scaled_object_defaults_are_kedas():
         ("spec.triggers.0.type", "kafka", "spec.triggers[0].type: only prometheus triggers are supported"),
         ("spec.minReplicaCount", -1, "spec.minReplicaCount: must be >= 0"),
         ("spec.pollingInterval", "30s", "spec.pollingInterval: must be an integer"),
-        ("spec.cooldownPerod", 30, "spec: unknown field 'cooldownPerod'"),
+        ("spec.cooldownPerod", 30, "spec.cooldownPerod: unknown field (allowed: advanced, cooldownPeriod,"),
         ("spec.triggers", [], "spec.triggers: must have at least 1 item(s)"),
         ("spec.fallback", {"replicas": 3}, "spec.fallback.failureThreshold: is required"),
         (
@@ -142,7 +143,7 @@ def test_inference_autoscaler_errors_and_defaults():
 
 
 def test_yaml_syntax_error_is_a_value_error():
-    with pytest.raises(ValueError, match="not valid YAML"):
+    with pytest.raises(ValueError, match="line 1: invalid YAML"):
         load_spec("spec: [unclosed")
 
 
@@ -164,7 +165,7 @@ def _walk(node, path="openAPIV3Schema"):
 
 def test_crd_is_generated_from_the_schema_and_structural():
     on_disk = (ROOT / "deploy" / "crds" / "inferenceautoscaler.yaml").read_text()
-    assert on_disk == crd_yaml(), "deploy/crds is stale: run python -m autoscaler.schema > deploy/crds/..."
+    assert on_disk == crd_yaml(), "deploy/crds is stale: run python -m autoscaler.crd > deploy/crds/..."
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
         assert isinstance(node, dict)
@@ -241,7 +242,7 @@ def test_slo_model_burst_options_reach_the_policy(options, attrs):
         ("trendWindowSeconds", 0, "spec.policy.sloModel.trendWindowSeconds: must be > 0"),
         ("burstRise", -0.1, "spec.policy.sloModel.burstRise: must be >= 0"),
         ("burstZ", "4", "spec.policy.sloModel.burstZ: must be a number"),
-        ("burstSigma", 3, "spec.policy.sloModel: unknown field 'burstSigma'"),
+        ("burstSigma", 3, "spec.policy.sloModel.burstSigma: unknown field"),
         ("burstSlope", "steep", "spec.policy.sloModel.burstSlope: must be one of trend, last"),
         ("dropOnFall", "yes", "spec.policy.sloModel.dropOnFall: must be true or false"),
     ],
