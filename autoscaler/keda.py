@@ -74,6 +74,8 @@ def fallback_replicas(fb: Fallback, current: int) -> int:
 
 
 class KedaPolicy(Policy):
+    handles_errors = True  # failed triggers count toward the fallback's failureThreshold
+
     def __init__(self, cfg: KedaConfig):
         self.cfg = cfg
         self.polling_interval = cfg.polling_interval

@@ -24,6 +24,9 @@ class Policy:
     polling_interval: float = 30.0
     min_replicas: int = 0
     max_replicas: int = 100
+    # True when decide() reads obs.errors itself (KEDA's fallback); otherwise a failed metric makes
+    # the reconcile step hold the current count rather than decide on a partial picture
+    handles_errors: bool = False
 
     def decide(self, obs: Observation) -> Decision:
         raise NotImplementedError

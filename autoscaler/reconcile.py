@@ -1,9 +1,11 @@
 """The one reconcile step: observe, decide, clamp, apply.
 
-The simulator's autoscaler process and the live controller both call `reconcile`; they differ only in
-how they build the Observation (the metric source) and in the ScaleTarget they hand in. The step is
-pure apart from `target.scale`: a target that fails raises ScaleError and the step reports it, so the
-caller keeps the last applied state and retries on its next tick.
+The simulator's autoscaler process and the live controller both call `reconcile`, and `slopilot
+replay` calls `decide`; they differ only in how they build the Observation (the metric source) and
+in the ScaleTarget they hand in. An outage is never read as zero: when a metric failed and the
+policy does not handle errors itself (KEDA's fallback does), the step holds the current count and
+leaves the policy's state untouched. A target that fails raises ScaleError and the step reports it,
+so the caller keeps the last applied state and retries on its next tick.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from autoscaler.observation import Observation
-from autoscaler.policy import Decision
+from autoscaler.policy import Decision, Policy
 
 
 class ScaleError(Exception):
@@ -26,7 +28,7 @@ class ScaleTarget(Protocol):
 
 @dataclass(frozen=True)
 class Step:
-    decision: Decision  # what the policy said
+    decision: Decision  # what the policy said (or the hold, when metrics failed)
     desired: int  # the decision clamped to the policy's bounds, what was applied (or tried)
     error: str | None = None  # the target's error when the scale failed
 
@@ -40,9 +42,18 @@ def clamp(desired: int, low: int, high: int) -> int:
     return max(0, low, min(int(desired), high))
 
 
-def reconcile(policy, obs: Observation, target: ScaleTarget) -> Step:
+def decide(policy: Policy, obs: Observation) -> Decision:
+    """The policy's decision, or a hold of the current count when a metric it needs failed."""
+    if obs.errors and not policy.handles_errors:
+        failed = ", ".join(sorted(obs.errors))
+        return Decision(obs.current_replicas, obs.current_replicas > 0,
+                        f"hold: metrics unavailable ({failed}), keeping {obs.current_replicas}")
+    return policy.decide(obs)
+
+
+def reconcile(policy: Policy, obs: Observation, target: ScaleTarget) -> Step:
     """One evaluation of `policy` on `obs`, applied to `target`."""
-    decision = policy.decide(obs)
+    decision = decide(policy, obs)
     desired = clamp(decision.desired_replicas, policy.min_replicas, policy.max_replicas)
     try:
         target.scale(desired, decision.reason)

@@ -8,7 +8,9 @@ KPA policies: arrival_rate, mean_prompt_tokens, mean_output_tokens, num_waiting,
 starting_replicas, ttft_pNN and tpot_pNN (seconds, e.g. ttft_p90).
 
 The policy is evaluated every polling interval from the first row's time to the last one's, each time
-on the latest row at or before the tick.
+on the latest row at or before the tick. A decision log written by `slopilot control` (its extra
+columns desired_replicas, active, reason and scale_error are ignored as inputs) is replayed at its
+own rows' times instead, so the replay sees exactly what the live controller saw.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import datetime, timezone
 
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
+from autoscaler.reconcile import clamp, decide
 
 FLOAT_FIELDS = (
     "arrival_rate",
@@ -32,6 +35,7 @@ FLOAT_FIELDS = (
     "kv_usage",
 )
 INT_FIELDS = ("current_replicas", "ready_replicas", "starting_replicas")
+DECISION_FIELDS = ("desired_replicas", "active", "reason", "scale_error")  # outputs of a decision log
 
 
 @dataclass
@@ -63,7 +67,7 @@ def parse_time(text: str, where: str) -> tuple[float, bool]:
 def format_time(t: float, rfc3339: bool) -> str:
     if rfc3339:
         return datetime.fromtimestamp(t, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-    return f"{t:g}"
+    return f"{t:.6f}".rstrip("0").rstrip(".")  # 30 -> "30", 1764763200.125 -> "1764763200.125"
 
 
 def _number(text: str, where: str) -> float:
@@ -92,7 +96,7 @@ def read_series(lines: Iterable[str], trigger_names: list[str], name: str = "SER
             f"{name} line 1: no column for trigger(s) {', '.join(missing)} "
             f"(triggers are named by their name, else s0, s1, ... in order)"
         )
-    known = set(trigger_names) | {"time", *FLOAT_FIELDS, *INT_FIELDS}
+    known = set(trigger_names) | {"time", *FLOAT_FIELDS, *INT_FIELDS, *DECISION_FIELDS}
     for h in header:
         if h not in known and not (h.startswith(("ttft_p", "tpot_p", "itl_p"))):
             raise ValueError(f"{name} line 1: unknown column {h!r}")
@@ -113,7 +117,7 @@ def read_series(lines: Iterable[str], trigger_names: list[str], name: str = "SER
         row = Row(lineno, t)
         for col, val in rec.items():
             where = f"{name} line {lineno}, column {col}"
-            if col == "time":
+            if col == "time" or col in DECISION_FIELDS:
                 continue
             if col in trigger_names:
                 if val == "":
@@ -167,18 +171,25 @@ def observation(row: Row, tick: float, current: int) -> Observation:
 
 
 def replay(
-    policy: Policy, rows: list[Row], interval: float, initial_replicas: int
+    policy: Policy, rows: list[Row], interval: float, initial_replicas: int, at_rows: bool = False
 ) -> list[tuple[float, Decision]]:
-    """Evaluate the policy at every tick; without a current_replicas column a decision applies at once."""
+    """Evaluate the policy at every tick (or, with at_rows, at every row's own time); without a
+    current_replicas column a decision applies at once."""
     if interval <= 0:
         raise ValueError("polling interval must be > 0")
     out, current, i = [], initial_replicas, 0
+    if at_rows:
+        for row in rows:
+            decision = decide(policy, observation(row, row.time, current))
+            out.append((row.time, decision))
+            current = clamp(decision.desired_replicas, policy.min_replicas, policy.max_replicas)
+        return out
     start, end = rows[0].time, rows[-1].time
     k = 0
     while (tick := start + k * interval) <= end + 1e-9:
         while i + 1 < len(rows) and rows[i + 1].time <= tick + 1e-9:
             i += 1
-        decision = policy.decide(observation(rows[i], tick, current))
+        decision = decide(policy, observation(rows[i], tick, current))
         out.append((tick, decision))
         current = decision.desired_replicas
         k += 1

@@ -48,9 +48,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.step_model}: not valid JSON: {exc}") from None
     policy = make_policy(spec, latency_model=model)
     with series_path.open(newline="") as lines:
+        header = lines.readline()
+        lines.seek(0)
         rows, rfc = read_series(lines, [t.name for t in spec.triggers], str(series_path))
+    # a decision log of `slopilot control` is replayed at its own rows' times
+    at_rows = "desired_replicas" in [h.strip() for h in header.split(",")]
     initial = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
-    results = replay(policy, rows, args.interval or spec.polling_interval, initial)
+    results = replay(policy, rows, args.interval or spec.polling_interval, initial, at_rows=at_rows)
     text = to_csv(results, rfc)
     if args.output:
         Path(args.output).write_text(text)
