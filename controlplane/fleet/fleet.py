@@ -55,7 +55,7 @@ class LocalFleet(Target):
     """A scale target made of `slopilot serve` processes on free loopback ports (see the module doc).
 
     command: the program and subcommand that serve a replica; `config.serve_args(port)` follows it.
-    `config` is read again at every spawn, so replacing it changes what later replicas run.
+    `command` and `config` are read again at every spawn: replacing them changes later replicas.
     """
 
     def __init__(self, config: FleetConfig, run_dir: str | Path, *, wait_ready: bool = True,
@@ -101,8 +101,8 @@ class LocalFleet(Target):
             self._trim_locked()  # a scale-down takes effect now: replicas() never shows stale ready
         self._poke.set()
         if desired > previous and self.wait_ready:
-            try:
-                self._await_ready(desired, mark, cfg.start_timeout)
+            try:  # a moment more than a replica's own limit, so its failure (with its log) is the one told
+                self._await_ready(desired, mark, cfg.start_timeout + 1.0)
             except ScaleError:
                 with self._lock:
                     if self._desired == desired:  # nobody scaled since: go back
@@ -118,7 +118,7 @@ class LocalFleet(Target):
 
     def starting(self) -> int:
         with self._lock:
-            return sum(1 for r in self._replicas if r.state in (STARTING, UNREADY) and r.alive())
+            return sum(1 for r in self._replicas if r.state == STARTING and r.alive())
 
     # -- what others read --------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ def config(**fields):
 
 
 def serving(ports: set[int]) -> list[int]:
-    """pids of live (not zombie) `slopilot serve` processes listening on one of `ports`."""
+    """pids of live (not zombie) replica processes started with `--port P`, P in `ports`."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -43,7 +43,7 @@ def serving(ports: set[int]) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"serve" in cmd and b"--port" in cmd and state != "Z":
+        if b"--port" in cmd and state != "Z":
             port = cmd[cmd.index(b"--port") + 1]
             if port.isdigit() and int(port) in ports:
                 found.append(int(d.name))
@@ -201,3 +201,43 @@ def test_no_orphans_when_the_parent_is_interrupted_or_killed(tmp_path, sig):
         parent.wait()
         for pid in serving(ports):  # a failed check must not leave replicas behind
             os.kill(pid, signal.SIGKILL)
+
+
+FAKE_SERVE = textwrap.dedent("""
+    # a stand-in replica: /health answers the status written in the file named first
+    import sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    status_file, port = sys.argv[1], int(sys.argv[sys.argv.index("--port") + 1])
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(int(open(status_file).read()))
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    HTTPServer(("127.0.0.1", port), Health).serve_forever()
+""")
+
+
+def test_unready_replica_and_start_timeout(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("200")
+    command = [sys.executable, "-c", FAKE_SERVE, str(status)]
+    fleet = LocalFleet(config(start_timeout=2), tmp_path / "run", command=command, health_interval=0.1)
+    with fleet:
+        assert fleet.replicas() == (1, 1)
+        status.write_text("503")  # a ready replica failing its probes leaves the ready count
+        eventually(lambda: fleet.replicas() == (1, 0), 5)
+        assert fleet.starting() == 0 and fleet.processes()["r1"]["state"] == "unready"
+        assert fleet.endpoints() == [] and len(file_sd(fleet)) == 1  # Prometheus still scrapes it
+        status.write_text("200")
+        eventually(lambda: fleet.replicas() == (1, 1), 5)
+
+        never = tmp_path / "never"
+        never.write_text("503")
+        fleet.command = [sys.executable, "-c", FAKE_SERVE, str(never)]  # new replicas never get healthy
+        with pytest.raises(ScaleError, match=r"replica r2 not ready after 2 s \(start_timeout\)"):
+            fleet.scale(2, "never healthy")
+        assert fleet.replicas().current == 1
+        eventually(lambda: list(fleet.processes()) == ["r1"], 5)
+        ports = {p["port"] for p in fleet.processes().values()}
+    assert fleet.processes() == {} and serving(ports) == []
