@@ -241,3 +241,25 @@ def test_unready_replica_and_start_timeout(tmp_path):
         eventually(lambda: list(fleet.processes()) == ["r1"], 5)
         ports = {p["port"] for p in fleet.processes().values()}
     assert fleet.processes() == {} and serving(ports) == []
+
+
+def test_a_running_prometheus_follows_the_fleet(tmp_path, prometheus):
+    with LocalFleet(config(), tmp_path / "run") as fleet:
+        prom = prometheus(sd_file=fleet.file_sd_path, scrape_interval=1.0)
+
+        def scraped() -> dict[str, str]:
+            """replica -> health of Prometheus's active targets"""
+            data = httpx.get(f"{prom.url}/api/v1/targets", trust_env=False).json()["data"]
+            return {t["labels"]["replica"]: t["health"] for t in data["activeTargets"]
+                    if t["labels"].get("fleet") == "t"}
+
+        def series() -> set[str]:
+            q = {"query": "vllm:num_requests_running"}
+            result = httpx.get(f"{prom.url}/api/v1/query", params=q, trust_env=False).json()["data"]["result"]
+            return {s["metric"]["replica"] for s in result}
+
+        # Prometheus applies discovered changes at most every 5 s: one change is checked here (the
+        # file's content on scale-down is checked above)
+        eventually(lambda: scraped() == {"r1": "up"}, 12)
+        fleet.scale(2, "up")
+        eventually(lambda: scraped() == {"r1": "up", "r2": "up"} and series() == {"r1", "r2"}, 12)
