@@ -11,7 +11,8 @@
 One supervisor thread owns the processes, like a ReplicaSet controller: it reaps exits, probes
 /health, spawns up to the desired count and SIGTERMs the surplus (not-ready replicas first, then the
 newest). A replica that dies is replaced; meanwhile ready < current. A replica that dies before it
-ever became ready is replaced after a back-off (1 s doubling to 30 s), like a crash loop.
+ever became ready is replaced after a back-off (1 s doubling to 30 s), like a crash loop. A live
+replica that fails 3 probes in a row leaves the ready count (and endpoints()) until it answers again.
 
 `scale` raises ScaleError and keeps the last state when the count is outside [min_replicas,
 max_replicas], when the fleet is stopped, and (with wait_ready, the default) when a new replica
@@ -103,11 +104,11 @@ class LocalFleet(Target):
         if desired > previous and self.wait_ready:
             try:  # a moment more than a replica's own limit, so its failure (with its log) is the one told
                 self._await_ready(desired, mark, cfg.start_timeout + 1.0)
-            except ScaleError:
+            except ScaleError as exc:
                 with self._lock:
                     if self._desired == desired:  # nobody scaled since: go back
                         self._desired = previous
-                self._event("scale", "", frm=desired, to=previous, reason="rollback: scale failed")
+                        self._event("scale", "", frm=desired, to=previous, reason=f"rolled back: {exc}")
                 self._poke.set()
                 raise
 
