@@ -1,0 +1,117 @@
+"""Shared fixtures for multi-process tests: free ports, emulated engine servers, a real Prometheus.
+
+    def test_x(emulated_servers, prometheus):
+        urls = emulated_servers(2)                           # `slopilot serve --emulate` processes
+        prom = prometheus(urls, scrape_interval=1.0)         # started, ready, scraping them
+        ...                                                  # all stopped at teardown
+
+Every process started here is stopped (SIGTERM, then SIGKILL) when the test ends, pass or fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.prometheus_server import PrometheusServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EMULATED_MODEL = "h100-llama2-70b-tp4"
+
+
+class EmulatedServer:
+    """One `slopilot serve --emulate MODEL --port P` process."""
+
+    def __init__(self, *args: str, model: str = EMULATED_MODEL):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "slopilot.cli", "serve", "--emulate", model, "--port", str(self.port),
+               *args]
+        self.log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"serve exited with {self.proc.returncode}: {self.output()[-2000:]}")
+        try:
+            return httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def wait_healthy(servers: list[EmulatedServer], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(servers)
+    while pending:
+        pending = [s for s in pending if not s.healthy()]
+        if pending and time.monotonic() > deadline:
+            raise AssertionError(f"{len(pending)} emulated server(s) not healthy after {timeout:g}s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def emulated_servers():
+    """start(n, *serve_args) -> base URLs of n healthy emulated servers (started in parallel)."""
+    started: list[EmulatedServer] = []
+
+    def start(n: int = 1, *args: str, model: str = EMULATED_MODEL) -> list[str]:
+        servers = [EmulatedServer(*args, model=model) for _ in range(n)]
+        started.extend(servers)
+        wait_healthy(servers)
+        return [s.url for s in servers]
+
+    start.servers = started  # the EmulatedServer objects, e.g. to stop one mid-test
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """start(targets, scrape_interval=1.0, **PrometheusServer options) -> a ready PrometheusServer."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("the prometheus binary is not installed (Debian package: prometheus)")
+    started: list[PrometheusServer] = []
+
+    def start(targets=(), scrape_interval: float = 1.0, **options) -> PrometheusServer:
+        options.setdefault("data_dir", tmp_path / f"prometheus-{len(started)}")
+        server = PrometheusServer(list(targets), scrape_interval=scrape_interval, **options)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for s in started:
+        s.cleanup()
+
+
+def wait_for(check, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Poll `check()` until it returns a truthy value; that value, or AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout:g}s")
+        time.sleep(interval)
