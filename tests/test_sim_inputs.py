@@ -40,7 +40,7 @@ def _with(path: str, value):
     [
         ("pools.0.max_num_seqs", 0, "pools[0].max_num_seqs: must be >= 1"),
         ("pools.0.max_num_seqs", 2.5, "pools[0].max_num_seqs: must be an integer"),
-        ("pools.0.colour", "red", "pools[0].colour: unknown key"),
+        ("pools.0.colour", "red", "pools[0].colour: unknown field"),
         ("router", {"policy": "fastest"}, "router.policy: must be one of"),
         ("router", {"latency_ms": -2}, "router.latency_ms: must be >= 0"),
         ("pools.0.wakeup_ms", "1ms", "pools[0].wakeup_ms: must be a number"),
@@ -49,7 +49,7 @@ def _with(path: str, value):
         ("workload.output_tokens", {"dist": "lognormal", "mean": 10, "median": 20}, "mean >= median"),
         ("slo", {"ttft": {"threshold": -1}}, "slo.ttft.threshold: must be > 0"),
         ("autoscaler", {"schedule": [{"at": 10, "replicas": 2}, {"at": 5, "replicas": 1}]}, "non-decreasing"),
-        ("autoscaler", {"fixed": 2, "extra": 1}, "autoscaler.extra: unknown key"),
+        ("autoscaler", {"fixed": 2, "extra": 1}, "autoscaler.extra: unknown field"),
         ("duration", "long", "duration: must be a number"),
     ],
 )
@@ -59,7 +59,7 @@ def test_bad_values_are_rejected_naming_the_key(path, value, message):
 
 
 def test_unknown_top_level_key_and_valid_defaults():
-    with pytest.raises(ValueError, match="workers: unknown key"):
+    with pytest.raises(ValueError, match="workers: unknown field"):
         load_scenario(dict(BASE, workers=3))
     sc = load_scenario(BASE)
     assert sc.pools[0].max_num_batched_tokens == 8192 and sc.router["policy"] == "least_outstanding"

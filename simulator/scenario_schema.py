@@ -1,0 +1,228 @@
+"""The scenario file's schema, checked the way policy specs are (autoscaler.validation): every unknown
+key and bad value is an error naming file, line and field, e.g.
+`examples/x.yaml:14: pools[0].max_num_seqs: must be >= 1, got 0`.
+
+The schema states no defaults: the Scenario and PoolSpec dataclasses hold them, and the classes that
+use a section's values (the router, the schedule policy) hold theirs. Distributions (token lengths,
+delays, repair times) are a number or a mapping here; simulator.dists checks their insides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoscaler.slo import SLO_TARGET
+from autoscaler.yamlfile import Document, dotted
+from simulator.dists import Dist, parse_dist
+from simulator.router import SCORERS
+
+ROUTERS = (
+    "round_robin",
+    "random",
+    "least_outstanding",
+    "least_waiting",
+    "kv_aware",
+    "prefix_affinity",
+    "weighted",
+)
+SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
+TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
+
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+NONNEG = {"type": "number", "minimum": 0}
+POS = {"type": "number", "exclusiveMinimum": 0}
+FRACTION = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+COUNT0 = {"type": "integer", "minimum": 0}
+COUNT1 = {"type": "integer", "minimum": 1}
+DIST = {"type": ["number", "object"], "x-message": "must be a number or a mapping with a 'dist' key"}
+
+
+def mapping(properties: dict, required: tuple = (), **extra) -> dict:
+    """An object with exactly these keys (`required` among them)."""
+    out = {"type": "object", "additionalProperties": False, "properties": properties, **extra}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+TRACE = mapping(
+    {
+        "format": {"enum": list(TRACE_FORMATS)},
+        "path": STR,
+        "rate_scale": POS,
+        "time_scale": POS,
+        "time_unit": POS,
+        "start": NONNEG,
+        "duration": POS,
+        "limit": COUNT1,
+        "time_column": STR,
+        "prompt_column": STR,
+        "output_column": STR,
+    },
+    ("format", "path"),
+)
+
+POINT = {  # a piecewise rate point: [time_s, rate] or {at, rate}
+    "if": {"type": "array"},
+    "then": {"prefixItems": [NONNEG, NONNEG], "minItems": 2, "maxItems": 2},
+    "else": mapping(
+        {"at": NONNEG, "rate": NONNEG},
+        ("at", "rate"),
+        **{"x-message": "must be [time_s, rate] or {at, rate}"},
+    ),
+}
+
+ARRIVALS = mapping(
+    {
+        "process": {"enum": ["poisson", "gamma"]},
+        "cv": POS,
+        "rate": POS,
+        "diurnal": mapping(
+            {"mean": POS, "amplitude": {**NONNEG, "maximum": 1}, "period": POS, "phase": NONNEG}, ("mean",)
+        ),
+        "piecewise": {"type": "array", "minItems": 1, "items": POINT},
+        "spikes": {
+            "type": "array",
+            "items": mapping(
+                {"at": NONNEG, "duration": POS, "factor": NONNEG, "ramp": NONNEG},
+                ("at", "duration", "factor"),
+            ),
+        },
+    },
+    **{"x-exactly-one": ["rate", "diurnal", "piecewise"]},
+)
+
+WORKLOAD = mapping(
+    {
+        "trace": TRACE,
+        "arrivals": ARRIVALS,
+        "prompt_tokens": DIST,
+        "output_tokens": DIST,
+        "lengths_from": TRACE,
+        "max_prompt_tokens": COUNT1,
+        "max_output_tokens": COUNT1,
+    },
+    **{"x-exactly-one": ["trace", "arrivals"]},
+)
+
+AUTOSCALER = {  # the first of these keys present says which kind of autoscaler it is
+    "type": "object",
+    "x-variants": {
+        "apiVersion": {"type": "object"},  # a whole spec inline: autoscaler.schema checks it
+        "kind": {"type": "object"},
+        "fixed": mapping({"fixed": COUNT0}),
+        "schedule": mapping(
+            {
+                "schedule": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": mapping({"at": NONNEG, "replicas": COUNT0}, ("at", "replicas")),
+                },
+                "polling_interval": POS,
+            }
+        ),
+        "spec": mapping(
+            {
+                "spec": {"type": ["string", "object"], "x-message": "must be a file path or an inline spec"},
+                "latency_model": STR,
+            }
+        ),
+    },
+}
+
+POOL = mapping(
+    {
+        "name": STR,
+        "latency_model": STR,
+        "replicas": COUNT0,
+        "max_num_seqs": COUNT1,
+        "max_num_batched_tokens": COUNT1,
+        "max_model_len": COUNT1,
+        "kv_blocks": COUNT1,
+        "kv_memory": mapping(
+            {
+                "gpu_memory_gib": POS,
+                "num_gpus": COUNT1,
+                "weights_gib": NONNEG,
+                "kv_bytes_per_token": POS,
+                "utilization": FRACTION,
+            },
+            ("gpu_memory_gib", "weights_gib", "kv_bytes_per_token"),
+        ),
+        "block_size": COUNT1,
+        "prefix_caching": BOOL,
+        "provisioning_delay": DIST,  # from a scale-up to the new replica serving
+        "startup_delay": DIST,  # the older name of provisioning_delay
+        "cost_per_hour": NONNEG,
+        "step_overhead_ms": NONNEG,
+        "wakeup_ms": NONNEG,
+        "failure": mapping(
+            {"mtbf": POS, "repair": DIST, "on_failure": {"enum": ["retry", "drop"]}}, ("mtbf",)
+        ),
+        "autoscaler": AUTOSCALER,
+    },
+    ("name", "latency_model"),
+    allOf=[
+        {"x-at-most-one": ["kv_blocks", "kv_memory"]},
+        {"x-at-most-one": ["provisioning_delay", "startup_delay"]},
+    ],
+)
+
+# a report may ask for the maximum (p100), which no policy could steer to
+SLO = {
+    "if": {"type": "number"},
+    "then": POS,  # seconds at the default percentile
+    "else": {
+        **SLO_TARGET,
+        "properties": {**SLO_TARGET["properties"], "percentile": {**POS, "maximum": 100}},
+        "x-message": "must be seconds or a mapping {percentile, seconds}",
+    },
+}
+
+ROUTER = mapping(
+    {
+        "policy": {"enum": list(ROUTERS)},
+        "weights": mapping({k: NONNEG for k in SCORERS}),
+        "prefix_lru_blocks": COUNT1,
+        "kv_threshold": POS,
+        "queue_threshold": COUNT0,
+        "latency_ms": NONNEG,
+    }
+)
+
+SCENARIO = mapping(
+    {
+        "name": STR,
+        "seed": COUNT0,
+        "duration": POS,
+        "workload": WORKLOAD,
+        "pools": {"type": "array", "minItems": 1, "items": POOL},
+        "router": ROUTER,
+        "autoscaler": AUTOSCALER,  # for every pool that has none of its own
+        "slo": mapping({name: SLO for name in SLO_NAMES}),
+        "metrics": mapping({"scrape_interval": POS, "rate_window": POS}),
+        "output": mapping({"timeline_interval": POS}),
+        "drain": mapping({"enabled": BOOL, "max": NONNEG}),
+    },
+    ("workload", "pools"),
+)
+
+
+# ---- reading validated fields ----------------------------------------------------------------------
+
+
+def resolve(path: str, base: Path) -> str:
+    """A path from the file, relative to the scenario's folder."""
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else base / p)
+
+
+def dist_at(doc: Document, key: str, integer: bool = False) -> Dist:
+    """The distribution at doc[key], its errors naming file, line and field."""
+    field = dotted(doc.prefix + (key,))
+    try:
+        return parse_dist(doc.data[key], field, integer=integer)
+    except ValueError as exc:
+        text = str(exc) if str(exc).startswith(field) else f"{field}: {exc}"
+        raise ValueError(": ".join(p for p in (doc.location((key,)), text) if p)) from None
