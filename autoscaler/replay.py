@@ -128,6 +128,8 @@ def read_series(lines: Iterable[str], trigger_names: list[str], name: str = "SER
                     row.metrics[col] = _number(val, where)
             elif val == "":
                 continue
+            elif val.lower() == "error":  # a failed aggregate query (ttft_p90 -> ttft_p)
+                row.errors.add(col if col in FLOAT_FIELDS else col.partition("_p")[0] + "_p")
             elif col in INT_FIELDS:
                 v = _number(val, where)
                 if v < 0 or not float(v).is_integer():

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "simulate": "slopilot.commands.simulate",
     "replay": "slopilot.commands.replay",
     "export": "slopilot.commands.export",
+    "control": "slopilot.commands.control",
 }
 
 

@@ -1,0 +1,193 @@
+"""The live controller: every autoscaler reconciled at its polling interval by a few workers.
+
+    loop = AutoscalerLoop(spec, policy, source, target, state=StateStore(dir), log=DecisionLog(...))
+    Controller([loop], workers=5).run(stop_event)
+
+Each tick is autoscaler.reconcile, the step the simulator runs: read the target's replicas, observe
+(the metric source), decide, clamp, apply. What is the controller's own: a failing source is never
+read as zero (its triggers count toward KEDA's fallback, any other policy holds), a failed scale keeps
+the last applied state and is retried with backoff before the next tick, the policy's state is saved
+after every decision, and every tick goes to the decision log and the controller's metrics. Like the
+Kubernetes HPA controller (a sync period and a few workers), a heap of due times feeds a small pool
+of worker threads; one autoscaler is never reconciled twice at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from autoscaler.observation import Observation
+from autoscaler.policy import Policy
+from autoscaler.reconcile import ScaleError, Step, reconcile
+from controlplane.decision_log import DecisionLog
+from controlplane.state import StateStore
+from controlplane.telemetry import Telemetry
+
+log = logging.getLogger("slopilot.control")
+RETRY_FIRST, RETRY_MAX = 1.0, 60.0  # seconds: backoff of a failed scale, doubling
+
+
+@dataclass
+class Pending:
+    desired: int
+    reason: str
+    attempt: int = 1
+
+
+class AutoscalerLoop:
+    """One autoscaler: its spec, policy, metric source and scale target, and what it remembers."""
+
+    def __init__(self, spec, policy: Policy, source, target, state: StateStore | None = None,
+                 log_file: DecisionLog | None = None, telemetry: Telemetry | None = None):
+        self.spec, self.policy, self.source, self.target = spec, policy, source, target
+        self.name = spec.name
+        self.state, self.log, self.telemetry = state, log_file, telemetry
+        self.triggers = [t.name for t in spec.triggers]
+        self.pending: Pending | None = None  # a scale that failed, retried before the next tick
+        self.next_tick = 0.0  # wall time of the next reconcile
+        self.last_step: Step | None = None
+        self.last_obs: Observation | None = None
+        self.lock = threading.Lock()
+        if state is not None:
+            saved = state.load(self.name)
+            if saved is not None:
+                policy.load_state_dict(saved.get("policy", {}))
+                log.info("%s: resumed policy state saved at %s", self.name, saved.get("time"))
+
+    @property
+    def interval(self) -> float:
+        return self.policy.polling_interval
+
+    def tick(self, now: float) -> Step:
+        """One reconcile at wall time `now`, rounded to the ms (the log holds what the policy saw)."""
+        now = round(now, 3)
+        started = time.perf_counter()
+        current, ready = self.target.replicas()
+        try:
+            obs = self.source.observe(self.spec, now, current, ready)
+        except Exception as exc:  # an unexpected source failure is an outage, never a zero
+            log.warning("%s: metric source failed: %s", self.name, exc)
+            obs = Observation(now, current, ready, errors=set(self.triggers) or {"source"})
+        starting = getattr(self.target, "starting", None)
+        if starting is not None:
+            obs.starting_replicas = starting()
+        step = reconcile(self.policy, obs, self.target)
+        self.pending = None if step.applied else Pending(step.desired, step.decision.reason)
+        self.last_obs, self.last_step = obs, step
+        if self.state is not None:
+            record = {"time": now, "policy": self.policy.state_dict(), "desired": step.desired}
+            self.state.save(self.name, record)
+        if self.log is not None:
+            self.log.write(obs, step)
+        self._report(obs, step, current, time.perf_counter() - started)
+        return step
+
+    def retry(self) -> bool:
+        """Applies the scale that failed; True when it went through."""
+        p = self.pending
+        try:
+            self.target.scale(p.desired, p.reason)
+        except ScaleError as exc:
+            p.attempt += 1
+            log.warning("%s: scale to %d failed again (attempt %d): %s", self.name, p.desired, p.attempt, exc)
+            if self.telemetry:
+                self.telemetry.scale_errors.labels(self.name).inc()
+            return False
+        log.info("%s: scaled to %d on retry %d (%s)", self.name, p.desired, p.attempt, p.reason)
+        self.pending = None
+        return True
+
+    def retry_delay(self) -> float:
+        return min(RETRY_FIRST * 2 ** (self.pending.attempt - 1), RETRY_MAX)
+
+    def _report(self, obs: Observation, step: Step, current: int, seconds: float) -> None:
+        d = step.decision
+        if step.error:
+            log.warning("%s: scale %d -> %d failed: %s", self.name, current, step.desired, step.error)
+        elif step.desired != current:
+            log.info("%s: scale %d -> %d: %s", self.name, current, step.desired, d.reason)
+        t = self.telemetry
+        if t is None:
+            return
+        n = self.name
+        t.desired.labels(n).set(step.desired)
+        t.current.labels(n).set(step.desired if step.applied else current)
+        t.ready.labels(n).set(obs.ready)
+        t.decisions.labels(n, d.reason.split(":")[0].strip() or "none").inc()
+        for metric in obs.errors:
+            t.source_errors.labels(n, metric).inc()
+        if step.error:
+            t.scale_errors.labels(n).inc()
+        t.fallback.labels(n).set(1 if obs.errors else 0)
+        t.duration.labels(n).observe(seconds)
+        if step.applied and not obs.errors:
+            t.last_success.labels(n).set(obs.time)
+
+
+class Controller:
+    """Runs every loop at its polling interval (the first tick at once) until `stop` is set."""
+
+    def __init__(self, loops: list[AutoscalerLoop], workers: int = 5, clock=time.time,
+                 telemetry: Telemetry | None = None):
+        names = [lp.name for lp in loops]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two autoscalers share the name {', '.join(dup)}: names must be unique")
+        self.loops, self.workers, self.clock, self.telemetry = loops, workers, clock, telemetry
+        self._thread_alive = False
+
+    def run(self, stop: threading.Event) -> None:
+        """Blocks until stop is set; the reconciles under way finish before it returns."""
+        if self.telemetry is not None:
+            self.telemetry.alive = lambda: self._thread_alive
+        self._thread_alive = True
+        start = self.clock()
+        due = [(start, i) for i in range(len(self.loops))]
+        heapq.heapify(due)
+        busy: set[int] = set()
+        first_round = set(range(len(self.loops)))
+        done_lock = threading.Lock()
+
+        def work(i: int) -> None:
+            loop = self.loops[i]
+            now = self.clock()
+            try:
+                if loop.pending is not None and now < loop.next_tick:
+                    loop.retry()  # between ticks only the failed scale is tried again
+                else:
+                    loop.next_tick = now + loop.interval
+                    loop.tick(now)
+            except Exception:
+                log.exception("%s: reconcile failed", loop.name)
+            delay = loop.next_tick - self.clock()
+            if loop.pending is not None:
+                delay = min(delay, loop.retry_delay())
+            with done_lock:
+                busy.discard(i)
+                heapq.heappush(due, (self.clock() + max(delay, 0.0), i))
+                first_round.discard(i)
+                if not first_round and self.telemetry is not None:
+                    self.telemetry.ready_to_serve.set()
+
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="reconcile") as pool:
+            try:
+                while not stop.is_set():
+                    with done_lock:
+                        ready = []
+                        now = self.clock()
+                        while due and due[0][0] <= now:
+                            _, i = heapq.heappop(due)
+                            if i not in busy:
+                                busy.add(i)
+                                ready.append(i)
+                        wait = (due[0][0] - now) if due else 0.1
+                    for i in ready:
+                        pool.submit(work, i)
+                    stop.wait(min(max(wait, 0.0), 0.1) if not ready else 0)
+            finally:
+                self._thread_alive = False

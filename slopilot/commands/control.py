@@ -1,0 +1,100 @@
+"""`slopilot control --spec FILE_OR_DIR ...`: run ScaledObjects and InferenceAutoscalers live.
+
+Metrics come from Prometheus (`--prometheus`, else each trigger's serverAddress) or straight from the
+engines' /metrics pages (`--scrape URL ...`). The scale goes to a command (`--scale-command`), or
+nowhere (`--dry-run`, the default: decisions are logged and taken as applied). SIGTERM or Ctrl-C
+finishes the reconciles under way and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run autoscaler specs live against engines' metrics (Prometheus or a direct scrape)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    p.add_argument("--spec", action="append", required=True, metavar="FILE_OR_DIR",
+                   help="ScaledObject / InferenceAutoscaler YAML (multi-document files, folders); repeatable")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus server for every trigger and aggregate")
+    src.add_argument("--scrape", action="append", metavar="URL",
+                     help="scrape these engine /metrics endpoints directly instead of asking Prometheus")
+    p.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang", "slopilot"],
+                   help="metric names the engines export")
+    p.add_argument("--latency-model", metavar="NAME_OR_JSON", help="step-time model for sloModel policies")
+    tgt = p.add_mutually_exclusive_group()
+    tgt.add_argument("--scale-command", metavar="CMD",
+                     help="run CMD to scale, with {name}, {target} and {replicas} substituted")
+    tgt.add_argument("--dry-run", action="store_true",
+                     help="apply nothing (the default without --scale-command)")
+    p.add_argument("--initial-replicas", type=int, default=None,
+                   help="replicas the target holds at start (default: the spec's minimum)")
+    p.add_argument("--state-dir", help="save each policy's state here after every decision, resume from it")
+    p.add_argument("--decision-log", metavar="FILE",
+                   help="append a replayable CSV row per reconcile ({name} in the path for several specs)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the controller's /metrics, /healthz and /readyz on this port (0: a free one)")
+    p.add_argument("--workers", type=int, default=5, help="reconciles that may run at once")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each metric query")
+    p.add_argument("--once", action="store_true", help="one reconcile per autoscaler, then exit")
+    p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    import threading
+    import time
+
+    from controlplane import specs
+    from controlplane.assemble import build_loops, source_for
+    from controlplane.controller import Controller
+    from controlplane.logs import setup_logging
+    from controlplane.targets import MemoryTarget
+    from controlplane.targets.command import CommandTarget
+    from controlplane.telemetry import Telemetry
+
+    log = setup_logging(args.log_level, args.json_logs)
+    if args.workers < 1:
+        raise ValueError("--workers must be >= 1")
+    loaded = specs.load(args.spec)
+    for w in loaded.warnings:
+        log.warning(w)
+    model = None
+    if args.latency_model:
+        from simulator.latency import load_latency_model
+
+        model = load_latency_model(args.latency_model)
+
+    def target_for(spec):
+        start = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
+        if args.scale_command:
+            return CommandTarget(args.scale_command, spec.name, spec.target, start)
+        return MemoryTarget(start, name=spec.name)
+
+    telemetry = Telemetry()
+    def source(spec):
+        return source_for(spec, loaded, args.prometheus, args.scrape, args.engine, args.timeout)
+
+    loops = build_loops(loaded, target_for, source, model, args.state_dir, args.decision_log, telemetry)
+    if args.once:
+        for lp in loops:
+            step = lp.tick(time.time())
+            print(f"{lp.name}: desired {step.desired} ({step.decision.reason})"
+                  + (f"; scale failed: {step.error}" if step.error else ""))
+        return 0
+    if args.metrics_port is not None:
+        port = telemetry.serve(args.metrics_port)
+        log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    names = ", ".join(f"{lp.name} every {lp.interval:g}s" for lp in loops)
+    print(f"controlling {len(loops)} autoscaler(s): {names}", file=sys.stderr, flush=True)
+    Controller(loops, workers=args.workers, telemetry=telemetry).run(stop)
+    telemetry.stop()
+    log.info("stopped")
+    return 0
