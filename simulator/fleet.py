@@ -115,7 +115,7 @@ class Fleet:
         rep = Replica(self.env, self._next_rid, pool, pool.timer, self, fast=self.fast)
         self._next_rid += 1
         pool.replicas.append(rep)
-        delay = 0.0 if immediate else float(pool.spec.startup_delay.sample(self.rng_startup, 1)[0])
+        delay = 0.0 if immediate else float(pool.spec.provisioning_delay.sample(self.rng_startup, 1)[0])
         rep.start(to_ps(max(delay, 0.0)))
         return rep
 
