@@ -1,6 +1,6 @@
 """Built-in load: OpenAI `/v1/completions` at a rate schedule (Poisson arrivals) against a fleet.
 
-    spec = LoadSpec.parse({"piecewise": [[0, 1], [30, 6], [60, 1]], "output_tokens": 64})
+    spec = LoadSpec.parse({"arrivals": {"piecewise": [[0, 1], [30, 6], [60, 1]]}, "output_tokens": 64})
     gen = LoadGenerator(spec, fleet.endpoints)   # endpoints: a callable, read again for every request
     result = gen.run()                           # blocks for spec.duration, then for in-flight requests
     result.summary()                             # counts, TTFT/E2E percentiles, achieved rate
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,95 +24,89 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from simulator.dists import Dist, parse_dist
+from autoscaler.validation import check
+from autoscaler.yamlfile import Document, document
+from simulator.dists import Dist
+from simulator.scenario_schema import ARRIVALS, COUNT0, DIST, POS, dist_at, mapping
+from simulator.scenario_workload import arrivals_config
 from simulator.workload import RateCurve, arrival_times
 
 ROUTINGS = ("least_outstanding", "round_robin")
-KEYS = {"rate", "piecewise", "duration", "prompt_tokens", "output_tokens", "routing", "seed", "timeout"}
+# a load section mirrors a scenario's workload: the same arrivals (rate, piecewise, diurnal, spikes,
+# poisson or gamma) and length distributions, plus how long and where to send them
+LOAD = mapping(
+    {
+        "arrivals": ARRIVALS,
+        "duration": POS,
+        "prompt_tokens": DIST,
+        "output_tokens": DIST,
+        "routing": {"enum": list(ROUTINGS)},
+        "seed": COUNT0,
+        "timeout": POS,
+    },
+    ("arrivals",),
+)
+
+
+def _tokens(n: float) -> Dist:
+    return Dist("constant", {"value": n}, integer=True)
 
 
 @dataclass
 class LoadSpec:
-    points: list[tuple[float, float]]  # piecewise-linear rate: (seconds since start, requests/s)
-    duration: float
-    prompt_tokens: Dist = field(default_factory=lambda: Dist("constant", {"value": 256.0}, integer=True))
-    output_tokens: Dist = field(default_factory=lambda: Dist("constant", {"value": 64.0}, integer=True))
+    curve: RateCurve  # requests per second over time
+    duration: float  # seconds of arrivals
+    cv: float = 1.0  # inter-arrival CV: 1 is Poisson
+    prompt_tokens: Dist = field(default_factory=lambda: _tokens(256))
+    output_tokens: Dist = field(default_factory=lambda: _tokens(64))
     routing: str = "least_outstanding"
     seed: int = 0
     timeout: float = 120.0  # seconds per request
 
     @classmethod
-    def parse(cls, d: dict, where: str = "load") -> LoadSpec:
-        """From a mapping: `rate: RPS` or `piecewise: [[t, rps], ...]`, plus optional duration (default:
-        the last point's time), prompt_tokens/output_tokens (a number or a distribution), routing, seed,
-        timeout. Errors name the field, e.g. `load.piecewise[1]: ...`."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: must be a mapping")
-        for k in d:
-            if k not in KEYS:
-                raise ValueError(f"{where}.{k}: unknown key (allowed: {', '.join(sorted(KEYS))})")
-        shapes = [k for k in ("rate", "piecewise") if k in d]
-        if len(shapes) != 1:
-            raise ValueError(f"{where}: give exactly one of rate, piecewise (got {shapes or 'none'})")
-        if "rate" in d:
-            points = [(0.0, _number(d["rate"], f"{where}.rate"))]
+    def parse(cls, source: dict | Document) -> LoadSpec:
+        """From a `load:` mapping (or its Document, for errors naming file, line and field):
+
+            arrivals: {piecewise: [[0, 1], [60, 8], [120, 1]]}   # as in a scenario's workload
+            duration: 120             # default: the last piecewise point's time (required otherwise)
+            prompt_tokens: 256        # a number or a distribution, as in a scenario
+            output_tokens: {dist: lognormal, mean: 150, median: 120, max: 512}
+            routing: least_outstanding   # or round_robin
+            seed: 0
+            timeout: 120              # seconds per request
+        """
+        doc = document(source)
+        check(LOAD, doc)
+        d = doc.data
+        a = arrivals_config(doc.at("arrivals"))
+        curve = RateCurve(**a["curve"], spikes=a["spikes"])
+        if "duration" in d:
+            duration = float(d["duration"])
+        elif curve.kind == "piecewise" and curve.points[-1][0] > 0:
+            duration = curve.points[-1][0]
         else:
-            points = _points(d["piecewise"], f"{where}.piecewise")
-        duration = _number(d["duration"], f"{where}.duration") if "duration" in d else points[-1][0]
-        if duration <= 0:
-            raise ValueError(f"{where}.duration: must be > 0 (give duration, or a last point after t=0)")
-        spec = cls(points, duration)
+            raise doc.error(("duration",), "is required unless the last piecewise point gives it")
+        spec = cls(curve, duration, a["cv"])
         for k in ("prompt_tokens", "output_tokens"):
             if k in d:
-                dist = parse_dist(d[k], f"{where}.{k}", integer=True)
+                dist = dist_at(doc, k, integer=True)
                 setattr(spec, k, Dist(dist.kind, dist.params, max(dist.lo or 1, 1), dist.hi, True))
-        if "routing" in d:
-            if d["routing"] not in ROUTINGS:
-                raise ValueError(f"{where}.routing: must be one of {', '.join(ROUTINGS)}, "
-                                 f"got {d['routing']!r}")
-            spec.routing = d["routing"]
-        if "seed" in d:
-            if isinstance(d["seed"], bool) or not isinstance(d["seed"], int):
-                raise ValueError(f"{where}.seed: must be an integer, got {d['seed']!r}")
-            spec.seed = d["seed"]
-        if "timeout" in d:
-            spec.timeout = _number(d["timeout"], f"{where}.timeout")
+        for k, kind in (("routing", str), ("seed", int), ("timeout", float)):
+            if k in d:
+                setattr(spec, k, kind(d[k]))
         return spec
 
     def rate(self, t: float) -> float:
-        """The scheduled rate at t seconds (constant after the last point)."""
-        return float(self._curve()(np.array([t]))[0])
-
-    def _curve(self) -> RateCurve:
-        return RateCurve("piecewise", points=self.points)  # np.interp holds the end values beyond
+        """The scheduled rate at t seconds (the last point's rate after it)."""
+        return float(self.curve(np.array([t]))[0])
 
     def arrivals(self) -> list[tuple[float, int, int]]:
         """(send time in seconds, prompt tokens, output tokens), drawn from the seed."""
         rng = np.random.default_rng(self.seed)
-        times = arrival_times(self._curve(), self.duration, 1.0, rng)
+        times = arrival_times(self.curve, self.duration, self.cv, rng)
         prompt = self.prompt_tokens.sample(rng, len(times)).astype(int)
         output = self.output_tokens.sample(rng, len(times)).astype(int)
         return [(float(t), int(p), int(o)) for t, p, o in zip(times, prompt, output)]
-
-
-def _number(v, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{where}: must be a number >= 0, got {v!r}")
-    return float(v)
-
-
-def _points(pts, where: str) -> list[tuple[float, float]]:
-    if not isinstance(pts, list) or not pts:
-        raise ValueError(f"{where}: must be a non-empty list of [time_s, rps] points")
-    out: list[tuple[float, float]] = []
-    for i, p in enumerate(pts):
-        if not isinstance(p, (list, tuple)) or len(p) != 2:
-            raise ValueError(f"{where}[{i}]: must be [time_s, rps], got {p!r}")
-        t, r = _number(p[0], f"{where}[{i}][0]"), _number(p[1], f"{where}[{i}][1]")
-        if out and t < out[-1][0]:
-            raise ValueError(f"{where}[{i}]: times must be non-decreasing ({t} after {out[-1][0]})")
-        out.append((t, r))
-    return out
 
 
 @dataclass

@@ -15,7 +15,8 @@ from engine.server import BackgroundServer
 
 
 def test_arrivals_follow_the_schedule():
-    spec = LoadSpec.parse({"piecewise": [[0, 20], [50, 20], [50, 0], [100, 0]], "output_tokens": 8})
+    spec = LoadSpec.parse({"arrivals": {"piecewise": [[0, 20], [50, 20], [50, 0], [100, 0]]},
+                           "output_tokens": 8})
     times = np.array([t for t, _, _ in spec.arrivals()])
     assert spec.duration == 100
     # Poisson: 1000 expected in the first 50 s (sd ~32), none where the rate is 0
@@ -25,27 +26,29 @@ def test_arrivals_follow_the_schedule():
 
 
 def test_ramp_and_lengths():
-    spec = LoadSpec.parse({"piecewise": [[0, 0], [100, 20]], "seed": 4,
+    spec = LoadSpec.parse({"arrivals": {"piecewise": [[0, 0], [100, 20]]}, "seed": 4,
                            "prompt_tokens": {"dist": "uniform", "low": 10, "high": 20}, "output_tokens": 5})
     arr = spec.arrivals()
     times = np.array([a[0] for a in arr])
     assert 850 < len(arr) < 1150  # integral of the ramp: 1000
     assert (times > 50).sum() > 2.5 * (times < 50).sum()  # three quarters of them in the second half
     assert all(10 <= p <= 20 and o == 5 for _, p, o in arr)
-    assert LoadSpec.parse({"rate": 3, "duration": 7}).points == [(0.0, 3.0)]
+    constant = LoadSpec.parse({"arrivals": {"rate": 3}, "duration": 7})
+    assert constant.rate(0) == constant.rate(100) == 3 and constant.duration == 7
 
 
 def test_least_outstanding_and_round_robin_picks():
     urls = ["http://a", "http://b", "http://c"]
-    gen = LoadGenerator(LoadSpec.parse({"rate": 1, "duration": 1}), lambda: urls)
+    gen = LoadGenerator(LoadSpec.parse({"arrivals": {"rate": 1}, "duration": 1}), lambda: urls)
     gen.outstanding = {"http://a": 2, "http://b": 0, "http://c": 1}
     assert {gen._pick() for _ in range(6)} == {"http://b"}
     gen.outstanding["http://b"] = 5
     assert gen._pick() == "http://c"
-    rr = LoadGenerator(LoadSpec.parse({"rate": 1, "duration": 1, "routing": "round_robin"}), lambda: urls)
+    spec = LoadSpec.parse({"arrivals": {"rate": 1}, "duration": 1, "routing": "round_robin"})
+    rr = LoadGenerator(spec, lambda: urls)
     rr.outstanding = {"http://a": 9}
     assert [rr._pick() for _ in range(4)] == urls + urls[:1]
-    assert LoadGenerator(LoadSpec.parse({"rate": 1, "duration": 1}), lambda: [])._pick() is None
+    assert LoadGenerator(LoadSpec.parse({"arrivals": {"rate": 1}, "duration": 1}), lambda: [])._pick() is None
 
 
 def test_summary_percentiles_and_statuses():
@@ -85,7 +88,8 @@ def streaming_app(token_delay: float) -> FastAPI:
 def test_requests_against_streaming_servers():
     app = streaming_app(0.01)
     with BackgroundServer(app) as one, BackgroundServer(app) as two:
-        spec = LoadSpec.parse({"rate": 20, "duration": 2, "prompt_tokens": 12, "routing": "round_robin",
+        spec = LoadSpec.parse({"arrivals": {"rate": 20}, "duration": 2, "prompt_tokens": 12,
+                               "routing": "round_robin",
                                "output_tokens": {"dist": "uniform", "low": 5, "high": 120}})
         gen = LoadGenerator(spec, lambda: [one.url, two.url, "http://127.0.0.1:9"])  # the third refuses
         result = gen.run()
@@ -107,7 +111,7 @@ def test_requests_against_streaming_servers():
 
 def test_stop_ends_the_schedule_early():
     with BackgroundServer(streaming_app(0.001)) as srv:
-        spec = LoadSpec.parse({"rate": 5, "duration": 60, "output_tokens": 2})
+        spec = LoadSpec.parse({"arrivals": {"rate": 5}, "duration": 60, "output_tokens": 2})
         gen = LoadGenerator(spec, lambda: [srv.url])
         threading.Timer(1.0, gen.stop).start()
         result = gen.run()

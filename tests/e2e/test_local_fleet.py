@@ -125,7 +125,8 @@ def test_scale_one_three_one_with_drain_and_file_sd(tmp_path):
 
 def test_killed_replica_is_replaced_and_load_is_served(tmp_path):
     with LocalFleet(config(replicas=2), tmp_path) as fleet:
-        spec = LoadSpec.parse({"rate": 10, "duration": 2, "prompt_tokens": 64, "output_tokens": 16})
+        spec = LoadSpec.parse({"arrivals": {"rate": 10}, "duration": 2, "prompt_tokens": 64,
+                               "output_tokens": 16})
         result = LoadGenerator(spec, fleet.endpoints).run()
         summary = result.summary()
         assert summary["requests"] == summary["ok"] > 5

@@ -1,0 +1,36 @@
+"""FLEET.yaml's schema, checked like scenarios and policy specs (autoscaler.validation): every unknown
+key and bad value is an error naming file, line and field, e.g.
+`fleet.yaml:7: max_replicas: must be >= 1, got 0`. Defaults live in FleetConfig, not here.
+"""
+
+from __future__ import annotations
+
+from controlplane.loadgen import LOAD
+from simulator.scenario_schema import COUNT0, COUNT1, NONNEG, POS, mapping
+
+NAME = {"type": "string", "minLength": 1}
+FLAG_VALUE = {"type": ["string", "number", "boolean"],
+              "x-message": "must be a number, a string or true/false"}
+
+FLEET = mapping(
+    {
+        "name": NAME,
+        "emulate": NAME,  # a shipped latency model or a latency-model JSON
+        "model": NAME,  # a preset name or a model directory
+        "engine": {  # extra `slopilot serve` flags
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z][A-Za-z0-9_-]*$"},
+            "additionalProperties": FLAG_VALUE,
+        },
+        "replicas": COUNT0,
+        "min_replicas": COUNT0,
+        "max_replicas": COUNT1,
+        "drain_timeout": NONNEG,
+        "start_timeout": POS,
+        "scrape_interval": POS,
+        "autoscaler": {"type": ["string", "object"],
+                       "x-message": "must be a spec file path or an inline ScaledObject/InferenceAutoscaler"},
+        "load": LOAD,
+    },
+    **{"x-exactly-one": ["emulate", "model"]},
+)
