@@ -5,7 +5,8 @@
 
 Numbers must be finite (.inf and .nan are not numbers here). Extension keywords, for the messages:
   x-number       a number, or a string holding one (KEDA trigger metadata is map[string]string)
-  x-message      the reason to give instead of the generic one (type, enum, const, pattern, anyOf)
+  x-message      the reason to give instead of the generic one (type, enum, const, pattern, anyOf,
+                 x-variants)
   x-exactly-one  [keys]: exactly one of these keys must be given
   x-at-most-one  [keys]: at most one of them
   x-variants     {key: schema}: the first of these keys present picks the schema the mapping must match
@@ -93,7 +94,7 @@ def _reasons(err: ValidationError) -> list[tuple[tuple, str]]:
         allowed = ", ".join(sorted(known))
         return [(path + (k,), f"unknown field (allowed: {allowed})") for k in instance if k not in known]
     custom = err.schema.get("x-message") if isinstance(err.schema, dict) else None
-    if custom and kind in ("type", "enum", "const", "pattern", "anyOf"):
+    if custom and kind in ("type", "enum", "const", "pattern", "anyOf", "x-variants"):
         return [(path, custom + got)]
     if kind == "type":
         names = arg if isinstance(arg, list) else [arg]

@@ -108,6 +108,7 @@ WORKLOAD = mapping(
 
 AUTOSCALER = {  # the first of these keys present says which kind of autoscaler it is
     "type": "object",
+    "x-message": "must be {fixed: N}, {schedule: [...]}, {spec: file or inline spec} or a whole spec",
     "x-variants": {
         "apiVersion": {"type": "object"},  # a whole spec inline: autoscaler.schema checks it
         "kind": {"type": "object"},
