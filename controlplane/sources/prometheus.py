@@ -81,7 +81,7 @@ class PrometheusSource(QuerySource):
     def __init__(self, url: str, *, engine: str = "vllm", window: float = DEFAULT_WINDOW, selector: str = "",
                  aggregates=None, timeout: float = DEFAULT_TIMEOUT, auth: dict | None = None,
                  auth_modes: str = "", trigger_auth: dict[str, dict] | None = None, unsafe_ssl: bool = False,
-                 override: bool = False, pin_time: bool = False, spec=None):
+                 override: bool = False, pin_time: bool = False):
         super().__init__(engine, window, selector, aggregates)
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -91,15 +91,14 @@ class PrometheusSource(QuerySource):
         self.unsafe_ssl = unsafe_ssl
         self.override = override
         self.pin_time = pin_time
-        self.raw = raw_triggers(spec) if spec is not None else {}
+        self.raw: dict[str, dict] = {}
         self._clients: dict[tuple, PrometheusConnect] = {}
         self._down: dict[str, str] = {}
         self._now: float | None = None
         self._tmp: str | None = None
 
     def observe(self, spec, now: float, current: int, ready: int | None = None):
-        if spec is not None and not self.raw:
-            self.raw = raw_triggers(spec)
+        self.raw = raw_triggers(spec) if spec is not None else {}
         self._now = now
         return super().observe(spec, now, current, ready)
 
@@ -152,8 +151,9 @@ class PrometheusSource(QuerySource):
         session.verify = False if unsafe else (self._pem(params["ca"]) if params.get("ca") else True)
         if "tls" in modes_set:
             session.cert = (self._pem(params["cert"]), self._pem(params["key"]))
-        client = PrometheusConnect(url, headers=headers or None, auth=basic, session=session,
-                                   retry=Retry(total=0, raise_on_status=False), timeout=self.timeout)
+        no_retry = Retry(total=0, read=False, raise_on_status=False)  # the next poll is the retry
+        client = PrometheusConnect(url, headers=headers or None, auth=basic, session=session, retry=no_retry,
+                                   timeout=self.timeout)
         self._clients[key] = client
         return client
 
