@@ -4,16 +4,19 @@ Written once here as JSON Schema; `validate()` checks YAML against it everywhere
 controller), and autoscaler.crd derives the Kubernetes CRD in deploy/crds/ from it. Errors name the
 file, line and field path, e.g. "x.yaml:9: spec.triggers[0].metadata.threshold: must be a number".
 
-The defaults the schema states for policy options are read from the classes that apply them (the
-policy's keyword defaults, KEDA's config), so they are written once, there.
+The defaults the schema states are read from the classes that apply them (autoscaler.options), so
+they are written once, there; spec-level ones (minReplicas, pollingInterval) are written here.
 """
 
 from __future__ import annotations
 
-import inspect
-
-from autoscaler.keda import KedaConfig
-from autoscaler.kpa import KpaPolicy, KpaSpec
+from autoscaler.options import (
+    KEDA_DEFAULTS,
+    KPA_DEFAULTS,
+    RATIO_OPTIONS,
+    SLO_MODEL_OPTIONS,
+    param_default,
+)
 from autoscaler.ratio import RatioPolicy
 from autoscaler.slo import SLO_TARGET
 from autoscaler.slo_model import SloModelPolicy
@@ -30,52 +33,6 @@ INT0 = {"type": "integer", "minimum": 0}
 BOOLISH = {
     "anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["true", "false", "True", "False"]}],
     "x-message": "must be true or false",
-}
-
-
-def _param_default(fn, name: str):
-    return inspect.signature(fn).parameters[name].default
-
-
-# spec option -> the policy's keyword argument (make_policy passes only the options a spec sets)
-RATIO_OPTIONS = {
-    "scaleUpThreshold": "up",
-    "scaleDownThreshold": "down",
-    "clamp": "clamp",
-    "windowSeconds": "window",
-}
-SLO_MODEL_OPTIONS = {
-    "margin": "margin",
-    "forecastWindowSeconds": "forecast_window",
-    "scaleDownDelaySeconds": "scale_down_delay",
-    "maxBatchSeqs": "max_batch_seqs",
-    "promptCV": "prompt_cv",
-    "drainSeconds": "drain_seconds",
-    "trendWindowSeconds": "trend_window",
-    "burstRise": "burst_rise",
-    "burstZ": "burst_z",
-    "burstSlope": "burst_slope",
-    "dropOnFall": "drop_on_fall",
-}
-# Knative's spelling of KpaSpec: percentages of the stable window and of 1.0
-_KPA = {name: _param_default(KpaSpec, name) for name in inspect.signature(KpaSpec).parameters}
-KPA_DEFAULTS = {
-    "metric": _param_default(KpaPolicy, "metric"),
-    "target": 100.0,  # container-concurrency-target-default
-    "targetUtilization": 0.7,  # container-concurrency-target-percentage
-    "stableWindowSeconds": _KPA["stable_window"],
-    "panicWindowPercentage": 100.0 * _KPA["panic_window"] / _KPA["stable_window"],
-    "panicThresholdPercentage": 100.0 * _KPA["panic_threshold"],
-    "maxScaleUpRate": _KPA["max_scale_up_rate"],
-    "maxScaleDownRate": _KPA["max_scale_down_rate"],
-    "scaleDownDelaySeconds": _KPA["scale_down_delay"],
-}
-KEDA_DEFAULTS = {
-    "minReplicaCount": _param_default(KedaConfig, "min_replica_count"),
-    "maxReplicaCount": _param_default(KedaConfig, "max_replica_count"),
-    "pollingInterval": _param_default(KedaConfig, "polling_interval"),
-    "cooldownPeriod": _param_default(KedaConfig, "cooldown_period"),
-    "initialCooldownPeriod": _param_default(KedaConfig, "initial_cooldown_period"),
 }
 
 
@@ -277,7 +234,7 @@ POLICY = {
                     "clamp": {"type": "number", "exclusiveMinimum": 0},
                     "windowSeconds": {"type": "number", "minimum": 0},
                 },
-                {k: _param_default(RatioPolicy, kw) for k, kw in RATIO_OPTIONS.items()},
+                {k: param_default(RatioPolicy, kw) for k, kw in RATIO_OPTIONS.items()},
             ),
         },
         "sloModel": {  # model-based SLO headroom
@@ -298,7 +255,7 @@ POLICY = {
                     "burstSlope": {"enum": ["trend", "last"]},
                     "dropOnFall": {"type": "boolean"},
                 },
-                {k: _param_default(SloModelPolicy, kw) for k, kw in SLO_MODEL_OPTIONS.items()},
+                {k: param_default(SloModelPolicy, kw) for k, kw in SLO_MODEL_OPTIONS.items()},
             ),
         },
         "kpa": {
@@ -342,7 +299,7 @@ INFERENCE_AUTOSCALER = {
                 "startupDelaySeconds": {
                     "type": "number",
                     "minimum": 0,
-                    "default": _param_default(SloModelPolicy, "startup_delay"),
+                    "default": param_default(SloModelPolicy, "startup_delay"),
                 },
                 "slo": {
                     "type": "object",

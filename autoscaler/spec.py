@@ -16,15 +16,13 @@ from autoscaler import hpa
 from autoscaler.expr import Formula
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.kpa import KpaPolicy, KpaSpec
+from autoscaler.options import KPA_DEFAULTS, RATIO_OPTIONS, SLO_MODEL_OPTIONS
 from autoscaler.policy import Policy
 from autoscaler.ratio import RatioPolicy
 from autoscaler.schema import (
     IA_API_VERSION,
     INFERENCE_AUTOSCALER,
-    POLICY,
-    RATIO_OPTIONS,
     SCALED_OBJECT,
-    SLO_MODEL_OPTIONS,
     defaults_of,
     validate,
 )
@@ -34,7 +32,6 @@ from autoscaler.yamlfile import Document, document, parse
 
 SO_DEFAULTS = defaults_of(SCALED_OBJECT["properties"]["spec"])
 IA_DEFAULTS = defaults_of(INFERENCE_AUTOSCALER["properties"]["spec"])
-KPA_DEFAULTS = defaults_of(POLICY["properties"]["kpa"])
 
 
 @dataclass

@@ -124,7 +124,7 @@ def problems(schema: dict, data: object) -> list[tuple[tuple, str]]:
         for p in _reasons(err):
             if p not in out:
                 out.append(p)
-    return sorted(out, key=lambda p: ([str(k) for k in p[0]], p[1]))
+    return sorted(out, key=lambda p: ([(0, k) if isinstance(k, int) else (1, str(k)) for k in p[0]], p[1]))
 
 
 def check(schema: dict, doc: Document | object) -> None:

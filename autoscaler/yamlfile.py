@@ -54,7 +54,7 @@ def _line(node: Node | None, path: tuple) -> int | None:
     return line
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Document:
     """Parsed data, the file it came from (None: built in code), and where it sits in that file."""
 
@@ -73,14 +73,15 @@ class Document:
     def line(self, path: tuple = ()) -> int | None:
         return _line(self.node, self.prefix + tuple(path))
 
+    def location(self, path: tuple = ()) -> str:
+        """'file:line' of the field at path ('file' or '' when that is all there is to say)."""
+        line = self.line(path)
+        return f"{self.name}:{line}" if self.name and line else (self.name or "")
+
     def message(self, path: tuple, reason: str) -> str:
         """'file:line: field.path: reason', with what is known of file, line and path."""
-        where = self.name
-        line = self.line(path)
-        if where and line:
-            where = f"{where}:{line}"
         field = dotted(self.prefix + tuple(path))
-        return ": ".join(p for p in (where, field, reason) if p)
+        return ": ".join(p for p in (self.location(path), field, reason) if p)
 
     def error(self, path: tuple, reason: str) -> ValueError:
         return ValueError(self.message(path, reason))

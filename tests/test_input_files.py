@@ -12,14 +12,9 @@ import pytest
 from autoscaler import yamlfile
 from autoscaler.crd import crd
 from autoscaler.kpa import KpaSpec
+from autoscaler.options import RATIO_OPTIONS, SLO_MODEL_OPTIONS
 from autoscaler.ratio import RatioPolicy
-from autoscaler.schema import (
-    INFERENCE_AUTOSCALER,
-    POLICY,
-    RATIO_OPTIONS,
-    SLO_MODEL_OPTIONS,
-    defaults_of,
-)
+from autoscaler.schema import INFERENCE_AUTOSCALER, POLICY, defaults_of
 from autoscaler.slo import SloTarget
 from autoscaler.slo_model import SloModelPolicy
 from autoscaler.spec import load_spec, make_policy
