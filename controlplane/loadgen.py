@@ -1,4 +1,5 @@
-"""Built-in load: OpenAI `/v1/completions` at a rate schedule (Poisson arrivals) against a fleet.
+"""Built-in load: OpenAI `/v1/completions` at a rate schedule against a fleet, with arrivals drawn as
+the simulator draws them (Poisson by default; a scenario's `arrivals` section is accepted as-is).
 
     spec = LoadSpec.parse({"arrivals": {"piecewise": [[0, 1], [30, 6], [60, 1]]}, "output_tokens": 64})
     gen = LoadGenerator(spec, fleet.endpoints)   # endpoints: a callable, read again for every request
@@ -7,8 +8,9 @@
 
 `gen.stop()` (from any thread) ends the schedule early; in-flight requests still finish. `gen.records`
 grows as requests complete, so a dashboard may read it live. Requests stream (TTFT is the first
-chunk), carry `ignore_eos` so the output length is the one drawn, and send random token ids as the
-prompt so the prompt length is exact and prefix caching sees no shared prefix.
+chunk), carry `ignore_eos` so the output length is the one drawn, and send random token ids (3..255,
+inside every vocabulary the engine accepts) as the prompt, so the prompt length is exact and prefix
+caching sees no shared prefix. The client costs about 0.3 ms of CPU per streamed token (httpx).
 """
 
 from __future__ import annotations
