@@ -2,6 +2,11 @@
 
 LLM.generate drives it offline; the OpenAI server drives it from its own thread. Requests are
 added and aborted between steps; step() returns the requests that advanced.
+
+A step whose batch raises is run again one request at a time: a request that fails alone is
+finished with reason "error" (its message in seq.error) and the others go on. Only when
+MAX_FAILED_ALONE requests in a row fail alone, with no success between, is the runner itself taken
+to be broken: step() raises, and the caller's loop ends.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import RequestRejected, Scheduler
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.outputs import RequestMetrics, RequestOutput
+
+MAX_FAILED_ALONE = 3
 
 
 class LLMEngine:
@@ -55,6 +62,7 @@ class LLMEngine:
         # set to a list to record (shape, seconds) of every step, scheduling and bookkeeping included
         # (`slopilot profile --from-run` calibrates the simulator on these)
         self.step_log: list[tuple[BatchShape, float]] | None = None
+        self.failed_alone = 0  # requests that failed alone since the runner last succeeded
 
     @property
     def max_model_len(self) -> int:
@@ -84,10 +92,13 @@ class LLMEngine:
         if not out.seqs:
             return []
         shape = batch_shape(out.seqs, out.num_new_tokens) if self.step_log is not None else None
-        sampled = self.runner.execute(out.seqs, out.num_new_tokens)
+        sampled, failed = self._execute(out.seqs, out.num_new_tokens)
         now = self.clock()
-        finished = self.scheduler.update(out, sampled, now)
-        advanced = [s for s, t in zip(out.seqs, sampled) if t is not None]
+        for seq, error in failed:
+            self.scheduler.finish(seq, "error", now)
+            seq.error = error
+        finished = self.scheduler.update(out, sampled, now) + [seq for seq, _ in failed]
+        advanced = [s for s, t in zip(out.seqs, sampled) if t is not None] + [seq for seq, _ in failed]
         for seq in advanced:
             if not seq.is_finished and seq.sampling_params.stop and self._hit_stop_string(seq):
                 self.scheduler.finish(seq, "stop", now)
@@ -97,6 +108,29 @@ class LLMEngine:
         if shape is not None:
             self.step_log.append((shape, self.clock() - started))
         return advanced
+
+    def _execute(self, seqs: list[Sequence], num_new_tokens: list[int]
+                 ) -> tuple[list[int | None], list[tuple[Sequence, str]]]:
+        """The runner's tokens, and (seq, error) for each request that failed alone."""
+        if len(seqs) > 1:
+            try:
+                sampled = self.runner.execute(seqs, num_new_tokens)
+                self.failed_alone = 0
+                return sampled, []
+            except Exception:
+                pass  # which request? each runs again alone (its KV slots are simply rewritten)
+        sampled, failed = [], []
+        for seq, n in zip(seqs, num_new_tokens):
+            try:
+                sampled.append(self.runner.execute([seq], [n])[0])
+                self.failed_alone = 0
+            except Exception as exc:
+                self.failed_alone += 1
+                if self.failed_alone >= MAX_FAILED_ALONE:
+                    raise
+                sampled.append(None)
+                failed.append((seq, f"the request failed in the engine: {type(exc).__name__}: {exc}"))
+        return sampled, failed
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
         text = self.tokenizer.decode(seq.output_token_ids)

@@ -182,10 +182,14 @@ def stream_events(r: httpx.Response):
 
 
 @pytest.mark.parametrize("drain_timeout, max_tokens", [(10.0, 40), (0.5, 400)])
-def test_sigterm_drains_then_exits_0(drain_timeout, max_tokens):
+def test_sigterm_drains_then_exits(drain_timeout, max_tokens):
+    """Exit 0 when the drain finished every request; else the cut request's stream ends with a 503
+    error event and the exit code says the drain was incomplete."""
+    from engine.server.defaults import EXIT_DRAIN_INCOMPLETE
+
     proc, url = start_serve("--drain-timeout", str(drain_timeout))
     try:
-        texts, done = [], False
+        texts, done, errors = [], False, []
         with httpx.stream("POST", url + "/v1/completions", timeout=30,
                           json={"prompt": "hi", "max_tokens": max_tokens, "stream": True}) as r:
             events = stream_events(r)
@@ -200,18 +204,24 @@ def test_sigterm_drains_then_exits_0(drain_timeout, max_tokens):
                     if data == "[DONE]":
                         done = True
                         break
-                    texts.append(json.loads(data)["choices"][0]["text"])
-            except httpx.HTTPError:
-                pass  # cut off at the drain timeout
-        assert proc.wait(20) == 0
+                    obj = json.loads(data)
+                    if "error" in obj:
+                        errors.append(obj["error"])
+                    else:
+                        texts.append(obj["choices"][0]["text"])
+            except httpx.HTTPError as exc:  # pragma: no cover - reported by the asserts below
+                errors.append(repr(exc))
+        code = proc.wait(20)
         elapsed = time.monotonic() - t_term
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert done  # either way the stream ends properly
     if max_tokens == 40:  # finishes well within the drain timeout: the whole answer arrives
-        assert done and len(texts) == 40
-    else:  # 400 tokens take ~12 s: cut at the 0.5 s drain timeout, and the process still exits 0
-        assert not done and len(texts) < 100
+        assert code == 0 and len(texts) == 40 and not errors
+    else:  # 400 tokens take ~12 s: cut at the 0.5 s drain timeout with a final error event
+        assert code == EXIT_DRAIN_INCOMPLETE and len(texts) < 100
+        assert len(errors) == 1 and errors[0]["code"] == 503 and "drain timeout" in errors[0]["message"]
         assert elapsed < 8
 
 

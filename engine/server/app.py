@@ -1,19 +1,22 @@
 """The OpenAI-compatible HTTP API (FastAPI) over an AsyncEngine, shaped as vLLM serves it.
 
 Errors are OpenAI-style {"error": {message, type, param, code}} bodies: 400 for any bad request
-(malformed JSON, wrong types, an unknown model, max_tokens < 1, too long for the context, an empty
-prompt), 401 for a missing or wrong API key, 429 when the waiting queue is full, 503 while the
-model is loading or after the engine loop died.
+(malformed JSON, wrong types, values outside vLLM's ranges, text that is not UTF-8, too long for
+the context), 401 for a missing or wrong API key, 404 for an unknown model, 413 for a body over
+the size limit, 429 when the waiting queue is full, 500 for a request that failed inside the
+engine (that request only), 503 while the model is loading, after the engine loop died or once
+the server is shutting down.
+
+A long prompt is tokenized in a worker thread, so it never stalls /health or other requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,7 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from engine.core.sampling_params import SamplingParams
+from engine.server import defaults
 from engine.server.async_engine import AsyncEngine, Update
+from engine.server.defaults import version
+from engine.server.gate import Gate
 from engine.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -31,54 +37,38 @@ from engine.server.protocol import (
     apply_chat_template,
     error_body,
 )
+from engine.server.responses import ERROR_TYPES, Shaper, sse
 
+log = logging.getLogger("slopilot.server")
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as pkg_version
-
-    try:
-        return pkg_version("slopilot")
-    except PackageNotFoundError:
-        return "0.1.0"
-
-
-class GateMiddleware:
-    """Pure ASGI (streaming-safe): API key and model-loading checks on /v1 before any body parsing."""
-
-    def __init__(self, app, state):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            error = None
-            key = self.state.api_key
-            if key is not None:
-                headers = dict(scope["headers"])
-                if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
-                    error = APIError(401, "missing or invalid API key", "AuthenticationError")
-            if error is None and not self.state.ready():
-                error = APIError(503, "the model is still loading", "ServiceUnavailableError")
-            if error is not None:
-                await JSONResponse(error.body(), error.status)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+# longer prompts (characters or token ids) are tokenized off the event loop; shorter ones take
+# well under a few milliseconds, less than the hop to a worker thread costs under load
+INLINE_TOKENIZE_MAX = 8192
 
 
 class ServerState:
-    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None, max_waiting: int | None,
-                 health_hold: float):
-        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+    def __init__(self, engine: AsyncEngine, model_name: str, max_waiting: int | None, health_hold: float):
+        self.engine, self.model_name = engine, model_name
         self.max_waiting, self.health_hold = max_waiting, health_hold
         self.ready_at = float("inf")  # set when the app starts
+        self.admitting = 0  # requests past the queue check, not yet added to the engine (tokenizing)
 
-    def ready(self) -> bool:
-        return time.monotonic() >= self.ready_at and self.engine.alive
+    def not_ready(self) -> str | None:
+        """Why requests cannot run now (the 503 message), or None."""
+        if self.engine.error:
+            return self.engine.error
+        if self.engine.closed:
+            return self.engine.closed
+        if time.monotonic() < self.ready_at or not self.engine.alive:
+            return "the model is still loading"
+        return None
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-              max_waiting: int | None = None, health_hold: float = 0.0) -> FastAPI:
-    state = ServerState(engine, model_name, api_key, max_waiting, health_hold)
+def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = None,
+              protect_metrics: bool = False, max_waiting: int | None = defaults.MAX_WAITING,
+              max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0) -> FastAPI:
+    """api_key guards /v1 (and /metrics with protect_metrics); max_waiting None: no queue bound."""
+    state = ServerState(engine, model_name, max_waiting, health_hold)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -89,7 +79,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
     app = FastAPI(title="slopilot engine", version=version(), lifespan=lifespan)
     app.state.server = state
-    app.add_middleware(GateMiddleware, state=state)
+    app.add_middleware(Gate, api_key=api_key, protect_metrics=protect_metrics,
+                       max_body_bytes=max_request_bytes, ready=state.not_ready)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -97,24 +88,16 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):  # e.g. an undecodable body, 404, 405
-        kind = "BadRequestError" if exc.status_code == 400 else "HTTPError"
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status_code, "HTTPError")
         return JSONResponse(error_body(str(exc.detail), kind, exc.status_code), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        where = ".".join(loc)
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid")
-        if first.get("type") == "json_invalid":  # loc is then the byte offset, not a field
-            message = f"malformed JSON body: {first.get('ctx', {}).get('error', 'invalid JSON')}"
-            where = ""
-        return JSONResponse(error_body(message, "BadRequestError", 400, where or None), 400)
+        return JSONResponse(_validation_body(exc.errors()), 400)
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if state.ready() else 503)
+        return Response(status_code=200 if state.not_ready() is None else 503)
 
     @app.get("/version")
     async def get_version():
@@ -132,21 +115,38 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request):
-        ids = _prompt_ids(engine, req.prompt)
-        if req.echo or req.logprobs is not None:
-            param = "echo" if req.echo else "logprobs"
-            raise APIError(400, "echo and logprobs are not supported", param=param)
-        return await _generate(state, raw, req, ids, req.max_tokens, chat=False)
+        return await _serve(state, raw, req, req.prompt, req.max_tokens, False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        if req.logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
-        ids = engine.tokenizer.encode(apply_chat_template(req.messages))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await _generate(state, raw, req, ids, max_tokens, chat=True)
+        return await _serve(state, raw, req, apply_chat_template(req.messages), max_tokens, True)
 
     return app
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+
+
+def _validation_body(errors: list) -> dict:
+    """The first validation error as a 400 body: param is the top-level field, the message its path."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":  # loc is then the byte offset, not a field
+        return error_body(f"malformed JSON body: {first.get('ctx', {}).get('error', 'invalid JSON')}",
+                          "BadRequestError", 400)
+    # union branches show up in loc as type tags ("str", "function-after[...]"): not fields
+    path = [str(p) for p in first.get("loc", ()) if p != "body"
+            and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    message = first.get("msg", "invalid request")
+    return error_body(f"{'.'.join(path)}: {message}" if path else message, "BadRequestError", 400,
+                      path[0] if path else None)
+
+
+def _prompt_size(prompt) -> int:
+    """Characters or token ids: what tokenizing (or checking) the prompt costs."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return sum(len(p) for p in prompt)
+    return len(prompt)
 
 
 def _prompt_ids(engine: AsyncEngine, prompt) -> list[int]:
@@ -159,9 +159,9 @@ def _prompt_ids(engine: AsyncEngine, prompt) -> list[int]:
     if isinstance(prompt, str):
         return engine.tokenizer.encode(prompt)
     vocab = engine.tokenizer.vocab_size
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
     return list(prompt)
 
 
@@ -177,14 +177,27 @@ def _sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
         raise APIError(400, str(exc)) from None
 
 
-def _validate(state: ServerState, req: SamplingFields, ids: list[int], max_tokens: int | None) -> int:
-    engine = state.engine
+def _admit(state: ServerState, req: SamplingFields) -> None:
+    """Checks that need no tokens, before any work is spent on the request."""
     if req.model is not None and req.model != state.model_name:
-        raise APIError(400, f"The model `{req.model}` does not exist (this server serves "
+        raise APIError(404, f"The model `{req.model}` does not exist (this server serves "
                             f"`{state.model_name}`).", "NotFoundError", "model")
-    if req.n != 1:
-        raise APIError(400, f"only n=1 is supported, got {req.n}", param="n")
-    limit = engine.max_model_len
+    if (problem := req.unsupported()) is not None:
+        raise APIError(400, problem[1], param=problem[0])
+    _check_running(state)
+    queued = state.engine.pending + state.admitting
+    if state.max_waiting is not None and queued >= state.max_waiting:
+        raise APIError(429, f"the server is overloaded: {queued} requests are waiting "
+                            f"(--max-waiting {state.max_waiting})", "RateLimitError")
+
+
+def _check_running(state: ServerState) -> None:
+    if (why := state.engine.error or state.engine.closed) is not None:
+        raise APIError(503, why, "ServiceUnavailableError")
+
+
+def _max_tokens(state: ServerState, ids: list[int], max_tokens: int | None) -> int:
+    limit = state.engine.max_model_len
     if len(ids) >= limit:
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, the "
                             f"prompt has {len(ids)} tokens, leaving no room to generate.", param="prompt")
@@ -196,36 +209,41 @@ def _validate(state: ServerState, req: SamplingFields, ids: list[int], max_token
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you "
                             f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                             f"{max_tokens} in the completion).", param="max_tokens")
-    if not engine.alive:
-        raise APIError(503, engine.error or "the engine is not running", "ServiceUnavailableError")
-    if state.max_waiting is not None and engine.pending >= state.max_waiting:
-        raise APIError(429, f"the server is overloaded: {engine.pending} requests are waiting "
-                            f"(--max-waiting {state.max_waiting})", "RateLimitError")
     return max_tokens
 
 
-async def _generate(state: ServerState, raw: Request, req: SamplingFields, ids: list[int],
-                    max_tokens: int | None, chat: bool):
-    max_tokens = _validate(state, req, ids, max_tokens)
-    params = _sampling_params(req, max_tokens)
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    arrival = state.engine.engine.clock()
-    stream = state.engine.add(request_id, ids, params, arrival, req.priority)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+async def _serve(state: ServerState, raw: Request, req: SamplingFields, prompt, max_tokens: int | None,
+                 chat: bool):
+    _admit(state, req)
+    state.admitting += 1
+    try:
+        if _prompt_size(prompt) <= INLINE_TOKENIZE_MAX:
+            ids = _prompt_ids(state.engine, prompt)
+        else:  # in a worker thread: /health and the other requests go on meanwhile
+            ids = await asyncio.to_thread(_prompt_ids, state.engine, prompt)
+        max_tokens = _max_tokens(state, ids, max_tokens)
+        params = _sampling_params(req, max_tokens)
+        _check_running(state)  # the engine may have died or closed while we tokenized
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        stream = state.engine.add(request_id, ids, params, state.engine.engine.clock(), req.priority)
+    finally:
+        state.admitting -= 1
     shaper = Shaper(request_id, state.model_name, chat)
     if req.stream:
-        return StreamingResponse(_sse(state.engine, request_id, stream, shaper, params.stop, include_usage),
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(sse(state.engine, request_id, stream, shaper, params.stop, include_usage),
                                  media_type="text/event-stream")
     final = await _wait_final(state.engine, request_id, stream, raw)
+    if final is None:  # nobody is listening any more
+        return Response(status_code=499)
     if final.error:
-        status = 503 if not state.engine.alive else 400
-        raise APIError(status, final.error, "ServiceUnavailableError" if status == 503 else "BadRequestError")
+        raise APIError(final.status, final.error, ERROR_TYPES.get(final.status, "APIError"))
     return shaper.response(final)
 
 
 async def _wait_final(engine: AsyncEngine, request_id: str, stream: asyncio.Queue[Update],
-                      raw: Request) -> Update:
-    """The last update; aborts the request if the client disconnects first."""
+                      raw: Request) -> Update | None:
+    """The last update, or None (and the request aborted) if the client disconnects first."""
     async def final() -> Update:
         while True:
             update = await stream.get()
@@ -241,89 +259,9 @@ async def _wait_final(engine: AsyncEngine, request_id: str, stream: asyncio.Queu
         await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not result.done():
+        gone = not result.done()
+        if gone:
             result.cancel()
+            log.info("request %s aborted: the client disconnected", request_id)
             engine.abort(request_id)
-    return result.result()
-
-
-def visible_text(text: str, stops: list[str], finished: bool) -> str:
-    """What may be streamed so far: the tail that could still become a stop string is held back,
-    and so is a trailing replacement character (half of a multi-byte UTF-8 character)."""
-    if finished:
-        return text
-    hold = max((len(s) for s in stops), default=1) - 1
-    if hold:
-        text = text[:max(len(text) - hold, 0)]
-    return text.rstrip("\ufffd")
-
-
-def _event(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
-
-
-async def _sse(engine: AsyncEngine, request_id: str, stream: asyncio.Queue[Update], shaper: Shaper,
-               stops: list[str], include_usage: bool) -> AsyncIterator[str]:
-    done = False
-    sent = ""
-    try:
-        if shaper.chat:
-            yield _event(shaper.chunk("", None, first=True))
-        while True:
-            update = await stream.get()
-            if update.error:
-                done = True
-                yield _event(error_body(update.error, "ServiceUnavailableError", 503))
-                break
-            finished = update.finish_reason is not None
-            text = visible_text(update.text, stops, finished)
-            delta = ""
-            if text.startswith(sent):  # a tokenizer may re-spell earlier text: never repeat it
-                delta, sent = text[len(sent):], text
-            # a chunk for every token, even one with no text yet (as vLLM streams completions)
-            yield _event(shaper.chunk(delta, update.finish_reason))
-            if finished:
-                done = True
-                if include_usage:
-                    yield _event(shaper.usage_chunk(update))
-                break
-        yield _event("[DONE]")
-    finally:
-        if not done:  # the client went away mid-stream: free its KV blocks
-            engine.abort(request_id)
-
-
-class Shaper:
-    """Response and chunk bodies of one request, in OpenAI's (and vLLM's) shapes."""
-
-    def __init__(self, request_id: str, model: str, chat: bool):
-        self.id, self.model, self.chat = request_id, model, chat
-        self.created = int(time.time())
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    @staticmethod
-    def usage(update: Update) -> dict:
-        return {"prompt_tokens": update.num_prompt_tokens, "completion_tokens": update.num_output_tokens,
-                "total_tokens": update.num_prompt_tokens + update.num_output_tokens}
-
-    def response(self, update: Update) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": update.text},
-                      "logprobs": None, "finish_reason": update.finish_reason}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(update)}
-        choice = {"index": 0, "text": update.text, "logprobs": None, "finish_reason": update.finish_reason}
-        return {**self._head("text_completion"), "choices": [choice], "usage": self.usage(update)}
-
-    def chunk(self, text: str, finish_reason: str | None, first: bool = False) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, update: Update) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": self.usage(update)}
+    return None if gone else result.result()

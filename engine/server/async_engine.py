@@ -3,6 +3,10 @@
 LLMEngine is not thread-safe, so only the engine thread touches it: the event loop puts adds and
 aborts on a queue.SimpleQueue, and the engine thread hands each step's results back with
 loop.call_soon_threadsafe. The event loop never waits on a step.
+
+A request that fails inside a step (LLMEngine finishes it with reason "error") ends with an error
+update of its own; only an exception out of the loop itself ends the engine: every stream then gets
+the error, `alive` turns false and the on_death callbacks run (serve() exits the process).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.core.sampling_params import SamplingParams
@@ -29,6 +34,11 @@ class Update:
     num_output_tokens: int
     finish_reason: str | None = None  # set on the last update
     error: str | None = None
+    status: int = 500  # with an error: 400 refused, 500 failed alone, 503 engine dead or shutting down
+
+
+def error_update(message: str, status: int, num_prompt_tokens: int = 0) -> Update:
+    return Update("", num_prompt_tokens, 0, "error", message, status)
 
 
 class AsyncEngine:
@@ -42,6 +52,8 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: str | None = None  # set when the engine loop died
+        self.closed: str | None = None  # set by close(): why no more requests are taken
+        self.on_death: list[Callable[[], None]] = []  # run on the event loop when the loop dies
         self.num_submitted = 0  # adds put on the queue (event loop)
         self.num_admitted = 0  # adds the engine thread has taken (engine thread)
         self.num_waiting = 0  # the scheduler's waiting queue after the last step
@@ -67,6 +79,7 @@ class AsyncEngine:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float,
             priority: int = 0) -> asyncio.Queue[Update]:
+        """A queue of the request's updates; the caller checks `alive` and `closed` first."""
         stream: asyncio.Queue[Update] = asyncio.Queue()
         self.streams[request_id] = stream
         self.num_submitted += 1
@@ -87,10 +100,24 @@ class AsyncEngine:
                 del self.streams[request_id]
             stream.put_nowait(update)
 
+    def close(self, message: str) -> int:
+        """Ends every request still running with a 503 error and takes no more; how many it ended."""
+        self.closed = message
+        ended = list(self.streams)
+        self._fail_all(message)
+        for request_id in ended:
+            self._commands.put(("abort", request_id))
+        return len(ended)
+
     def _fail_all(self, message: str) -> None:
-        for request_id, stream in list(self.streams.items()):
-            stream.put_nowait(Update("", 0, 0, "error", message))
+        for stream in self.streams.values():
+            stream.put_nowait(error_update(message, 503))
         self.streams.clear()
+
+    def _died(self) -> None:
+        self._fail_all(self.error)
+        for callback in self.on_death:
+            callback()
 
     # -- engine-thread side ----------------------------------------------------------------------
     def _send(self, request_id: str, update: Update) -> None:
@@ -109,7 +136,7 @@ class AsyncEngine:
         except Exception as exc:  # the engine is dead: /health turns 503, every stream gets the error
             log.exception("engine loop died")
             self.error = f"engine loop died: {type(exc).__name__}: {exc}"
-            self._loop.call_soon_threadsafe(self._fail_all, self.error)
+            self._loop.call_soon_threadsafe(self._died)
 
     def _handle_commands(self, block: bool) -> bool:
         """Applies queued adds/aborts; waits for one when idle. False on stop."""
@@ -132,7 +159,7 @@ class AsyncEngine:
         try:
             self.engine.add_request(prompt_ids, params, request_id, arrival, priority)
         except ValueError as exc:  # the server checks lengths first; this is the last guard
-            self._send(request_id, Update("", len(prompt_ids), 0, "error", str(exc)))
+            self._send(request_id, error_update(str(exc), 400, len(prompt_ids)))
             return
         self.num_waiting = len(self.engine.scheduler.waiting)
 
@@ -148,7 +175,9 @@ class AsyncEngine:
 
     def _step(self) -> None:
         advanced = self.engine.step()
-        self.metrics.record_step(self.engine, advanced, self.engine.clock())
+        # a request that failed in the step got no token in it
+        tokens = [seq for seq in advanced if seq.finish_reason != "error"]
+        self.metrics.record_step(self.engine, tokens, self.engine.clock())
         self.num_waiting = len(self.engine.scheduler.waiting)
         updates = []
         for seq in advanced:
@@ -161,5 +190,7 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._deliver, updates)
 
     def _update(self, seq: Sequence) -> Update:
+        if seq.finish_reason == "error":
+            return error_update(seq.error or "the request failed in the engine", 500, seq.num_prompt_tokens)
         return Update(self.engine.output_text(seq), seq.num_prompt_tokens, seq.num_output_tokens,
                       seq.finish_reason if seq.is_finished else None)

@@ -1,13 +1,35 @@
 """Request bodies of the OpenAI API as vLLM accepts them, and the OpenAI error shape.
 
-Unknown fields are ignored (as vLLM does); wrong types fail validation and become HTTP 400.
+Unknown fields are ignored (as vLLM does); wrong types and values outside vLLM's ranges fail
+validation and become HTTP 400. Text must be encodable as UTF-8 (JSON can carry lone surrogates).
+Fields we parse but do not implement are accepted at their neutral value only (unsupported()).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"character {exc.start} is a lone surrogate (U+{ord(text[exc.start]):04X}), "
+                         f"which is not valid UTF-8") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+
+
+def _finite(ge: float | None = None, le: float | None = None, gt: float | None = None):
+    return Field(None, ge=ge, le=le, gt=gt, allow_inf_nan=False)
 
 
 class StreamOptions(BaseModel):
@@ -16,39 +38,67 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
+    """The fields both endpoints share, with vLLM's ranges (its SamplingParams checks)."""
     model_config = ConfigDict(extra="ignore")
-    model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    model: Text | None = None
+    temperature: float | None = _finite(ge=0, le=2)
+    top_p: float | None = _finite(gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)  # -1 and 0 disable it
+    min_p: float | None = _finite(ge=0, le=1)
+    presence_penalty: float | None = _finite(ge=-2, le=2)
+    frequency_penalty: float | None = _finite(ge=-2, le=2)
+    repetition_penalty: float | None = _finite(gt=0)
+    seed: Int64 | None = None
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = None
     ignore_eos: bool = False
-    n: int = 1
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
+    n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
+    priority: Int64 = 0
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) for a valid value this engine does not implement, else None."""
+        if self.n != 1:
+            return "n", f"only n=1 is supported, got {self.n}"
+        if self.stop is not None and any(s == "" for s in ([self.stop] if isinstance(self.stop, str)
+                                                           else self.stop)):
+            return "stop", "stop cannot contain an empty string"
+        neutral = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "repetition_penalty": 1.0, "min_tokens": 0}
+        for name, value in neutral.items():
+            got = getattr(self, name)
+            if got is not None and got != value:
+                return name, f"{name} is not supported by this engine (only {value} is accepted), got {got}"
+        return None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # tried in this order: a long list of token ids is validated once, not once a branch
+    prompt: Text | list[int] | list[Text] | list[list[int]] = Field(union_mode="left_to_right")
     max_tokens: int | None = 16
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo or self.logprobs is not None:
+            param = "echo" if self.echo else "logprobs"
+            return param, "echo and logprobs are not supported"
+        return super().unsupported()
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"] = "text"
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    role: Text
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -56,6 +106,12 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs:
+            return "logprobs", "logprobs are not supported"
+        return super().unsupported()
 
 
 class APIError(Exception):

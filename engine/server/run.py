@@ -1,8 +1,15 @@
-"""Making and running a server: the engine (real or emulated), the app, uvicorn with a drain."""
+"""Making and running a server: the engine (real or emulated), the app, uvicorn with a drain.
+
+serve() returns 0 when every request finished (a SIGTERM drain included), EXIT_DRAIN_INCOMPLETE when
+the drain timeout ended requests with a 503, and EXIT_ENGINE_DIED when the engine loop died (the
+process exits at once rather than linger unable to serve) or the server could not start.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -16,8 +23,14 @@ from engine.args import EngineArgs
 from engine.emulated import DEFAULT_MAX_MODEL_LEN, EmulatedRunner, StepTimeModel
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
+from engine.server import defaults
 from engine.server.app import build_app
 from engine.server.async_engine import AsyncEngine
+
+log = logging.getLogger("slopilot.server")
+
+# uvicorn's own deadline, after ours: time for the 503s written at our drain timeout to go out
+CUT_OFF_GRACE_S = 2.0
 
 
 def build_engine(args: EngineArgs | None = None,
@@ -35,19 +48,44 @@ def build_engine(args: EngineArgs | None = None,
 
 
 def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = None,
-                 max_waiting: int | None = None, health_hold: float = 0.0) -> FastAPI:
+                 protect_metrics: bool = False, max_waiting: int | None = defaults.MAX_WAITING,
+                 max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0) -> FastAPI:
     """health_hold: seconds /health answers 503 after start, as while a real server loads weights."""
     bm = engine.block_manager
     cache_info = {"block_size": bm.block_size, "num_gpu_blocks": bm.num_blocks, "cache_dtype": "auto",
                   "enable_prefix_caching": bm.enable_prefix_caching}
     metrics = EngineMetrics(model_name, engine.max_model_len, cache_info)
     metrics.update_gauges(engine)
-    return build_app(AsyncEngine(engine, metrics), model_name, api_key, max_waiting, health_hold)
+    return build_app(AsyncEngine(engine, metrics), model_name, api_key=api_key,
+                     protect_metrics=protect_metrics, max_waiting=max_waiting,
+                     max_request_bytes=max_request_bytes, health_hold=health_hold)
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM after its graceful shutdown (so the process dies of it);
-    we drain and then exit 0, as a replica that finished its in-flight work should."""
+    we drain instead, and at the drain timeout end what still runs with a 503 (a body, or a stream's
+    last error event) before uvicorn's own deadline cancels the tasks mid-response."""
+
+    def __init__(self, config: uvicorn.Config, drain_timeout: float):
+        super().__init__(config)
+        self.drain_timeout = drain_timeout
+        state = getattr(getattr(config.app, "state", None), "server", None)
+        self.engine: AsyncEngine | None = state.engine if state is not None else None
+        self.cut_off = 0  # requests the drain timeout ended
+
+    async def shutdown(self, sockets=None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout, self._cut_off)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut_off(self) -> None:
+        if self.engine is not None:
+            self.cut_off = self.engine.close("the server shut down before this request finished "
+                                             f"(drain timeout {self.drain_timeout:g} s)")
+            if self.cut_off:
+                log.warning("drain timeout: %d requests still running were ended with 503", self.cut_off)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -62,17 +100,24 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def _config(app: FastAPI, host: str, port: int, drain_timeout: float, log_level: str) -> uvicorn.Config:
-    # uvicorn stops accepting on shutdown and waits up to drain_timeout for in-flight responses
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=30)
+def _server(app: FastAPI, host: str, port: int, drain_timeout: float, log_level: str) -> DrainingServer:
+    # uvicorn stops accepting on shutdown and waits for in-flight responses; we end them at drain_timeout
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
+                            timeout_graceful_shutdown=drain_timeout + CUT_OFF_GRACE_S, timeout_keep_alive=30)
+    return DrainingServer(config, drain_timeout)
 
 
-def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
+          drain_timeout: float = defaults.DRAIN_TIMEOUT_S,
           log_level: str = "warning") -> int:
-    server = DrainingServer(_config(app, host, port, drain_timeout, log_level))
+    """Runs until SIGTERM/SIGINT or until the engine loop dies; the exit code (see the module doc)."""
+    server = _server(app, host, port, drain_timeout, log_level)
+    if server.engine is not None:
+        server.engine.on_death.append(lambda: setattr(server, "should_exit", True))
     server.run()
-    return 0 if server.started else 1
+    if not server.started or (server.engine is not None and server.engine.error):
+        return defaults.EXIT_ENGINE_DIED
+    return defaults.EXIT_DRAIN_INCOMPLETE if server.cut_off else 0
 
 
 class BackgroundServer:
@@ -85,7 +130,7 @@ class BackgroundServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = DrainingServer(_config(app, "127.0.0.1", self.port, drain_timeout, "warning"))
+        self.server = _server(app, "127.0.0.1", self.port, drain_timeout, "warning")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> BackgroundServer:

@@ -11,38 +11,68 @@ import argparse
 HELP = "serve the engine over an OpenAI-compatible HTTP API with vLLM-named /metrics"
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each flag's default, unless its help already words it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from engine.args import add_cli_args
+    from engine.server import defaults
 
+    p.formatter_class = _HelpWithDefaults
+    p.add_argument("--version", action="version", version=f"slopilot {defaults.version()}")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="preset name or a local model directory")
-    what.add_argument("--emulate", metavar="MODEL",
+    what.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                      help="preset name or a local model directory (same as --model)")
+    what.add_argument("--model", default=None, help="preset name or a local model directory")
+    what.add_argument("--emulate", metavar="MODEL", default=None,
                       help="no weights: step times from this latency model (a .json path or a shipped name)")
-    p.add_argument("--served-model-name", default=None, help="model name in the API and metrics")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name in the API and metrics (default: the model's)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; in a pod or container use 0.0.0.0, so that probes, the "
+                        "Service and Prometheus can reach the server")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
-    p.add_argument("--max-waiting", type=int, default=None,
-                   help="answer 429 when this many requests are already waiting (default: no limit)")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to finish in-flight requests after SIGTERM")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: no key)")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="require the API key on /metrics too (default: /metrics is open for scrapes, "
+                        "as in vLLM)")
+    p.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
+                   help="answer 429 at once when this many requests are already waiting (0: refuse any "
+                        "that would wait)")
+    p.add_argument("--max-request-bytes", type=int, default=defaults.MAX_REQUEST_BYTES,
+                   help="answer 413 to a larger request body, unread")
+    p.add_argument("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT_S,
+                   help="seconds to finish in-flight requests after SIGTERM; what still runs then gets a "
+                        f"503 and the process exits {defaults.EXIT_DRAIN_INCOMPLETE}")
     p.add_argument("--health-hold", type=float, default=0.0, metavar="SECONDS",
                    help="answer /health with 503 for this long after start, to mimic model loading")
     p.add_argument("--startup-delay", dest="health_hold", type=float, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the old name of --health-hold
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_cli_args(p, real_only="real mode only")
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from engine.args import from_cli
     from engine.server import build_engine, build_server, serve
 
-    if args.max_waiting is not None and args.max_waiting < 0:
+    if args.max_waiting < 0:
         raise ValueError("--max-waiting must be >= 0")
+    if args.max_request_bytes < 1:
+        raise ValueError("--max-request-bytes must be >= 1")
     if args.drain_timeout < 0 or args.health_hold < 0:
         raise ValueError("--drain-timeout and --health-hold must be >= 0")
-    engine_args = from_cli(args, model=args.model)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    engine_args = from_cli(args, model=args.model or args.model_tag)
     latency = None
     if args.emulate:
         from simulator.latency import load_latency_model
@@ -50,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         latency = load_latency_model(args.emulate)
     engine, name = build_engine(engine_args, latency)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
-                       max_waiting=args.max_waiting, health_hold=args.health_hold)
+                       protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
+                       max_request_bytes=args.max_request_bytes, health_hold=args.health_hold)
     print(f"serving {args.served_model_name or name} on http://{args.host}:{args.port}"
           f"{' (emulated)' if args.emulate else ''}", flush=True)
     return serve(app, args.host, args.port, args.drain_timeout, args.log_level)

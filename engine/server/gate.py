@@ -1,0 +1,98 @@
+"""What every request passes before routing (pure ASGI, so streaming is untouched): the body-size
+limit (413), the API key (401) and the loading / dead-engine check (503)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+
+from engine.server.protocol import APIError
+
+
+async def send_error(send, error: APIError, close: bool = False) -> None:
+    # ASCII JSON: an error body can never fail to encode, whatever text it quotes
+    body = json.dumps(error.body(), separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:  # the unread rest of the body makes the connection unusable
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes (--max-request-bytes)",
+                    "RequestTooLargeError")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class Gate:
+    """ready() -> None when requests may run, else the 503 message (still loading, engine dead)."""
+
+    def __init__(self, app, *, api_key: str | None, protect_metrics: bool, max_body_bytes: int,
+                 ready: Callable[[], str | None]):
+        self.app, self.max_body_bytes, self.ready = app, max_body_bytes, ready
+        self.key = f"Bearer {api_key}".encode() if api_key is not None else None
+        self.protect_metrics = protect_metrics
+
+    def _authorized(self, scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.key)  # constant time: no key prefix leaks by timing
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        api = path.startswith("/v1")
+        if self.key is not None and (api or (self.protect_metrics and path == "/metrics")) \
+                and not self._authorized(scope):
+            await send_error(send, APIError(401, "missing or invalid API key", "AuthenticationError"))
+            return
+        if api and (not_ready := self.ready()) is not None:
+            await send_error(send, APIError(503, not_ready, "ServiceUnavailableError"))
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await send_error(send, _too_large(self.max_body_bytes), close=True)  # refused unread
+            return
+        try:
+            body = await self._read_body(receive)
+        except ClientGone:
+            return
+        if body is None:
+            await send_error(send, _too_large(self.max_body_bytes), close=True)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole body, or None once it passes the limit (a chunked body has no length to check)."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A receive() that hands the app the body already read, then the connection's own events."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
