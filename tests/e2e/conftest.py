@@ -5,7 +5,8 @@
         prom = prometheus(urls, scrape_interval=1.0)         # started, ready, scraping them
         ...                                                  # all stopped at teardown
 
-Every process started here is stopped (SIGTERM, then SIGKILL) when the test ends, pass or fail.
+SteadyLoad(urls, rate) sends completions at a constant rate. Every process started here is stopped
+(SIGTERM, then SIGKILL) when the test ends, pass or fail.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -103,6 +106,61 @@ def prometheus(tmp_path):
     yield start
     for s in started:
         s.cleanup()
+
+
+class SteadyLoad:
+    """Completions at a constant rate, round-robin over `urls`, from a thread (requests from a pool).
+
+    with SteadyLoad(urls, rate=16, prompt="hi " * 30, max_tokens=12): ...   # stops and waits on exit
+    """
+
+    def __init__(self, urls: list[str], rate: float, prompt: str = "hello " * 32, max_tokens: int = 12,
+                 duration: float | None = None):
+        self.urls, self.rate, self.duration = list(urls), rate, duration
+        self.body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+        self.sent = self.ok = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._client = httpx.Client(timeout=60, trust_env=False)
+        self._pool = ThreadPoolExecutor(max_workers=64)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self, url: str) -> None:
+        try:
+            r = self._client.post(url + "/v1/completions", json=self.body)
+            if r.status_code == 200:
+                self.ok += 1
+            else:
+                self.errors.append(f"{r.status_code} {r.text[:200]}")
+        except httpx.HTTPError as exc:
+            self.errors.append(repr(exc))
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        while not self._stop.is_set():
+            due = start + self.sent / self.rate
+            if self.duration is not None and due - start >= self.duration:
+                break
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                break
+            self._pool.submit(self._one, self.urls[self.sent % len(self.urls)])
+            self.sent += 1
+
+    def start(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self._client.close()
+
+    def __enter__(self) -> SteadyLoad:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def wait_for(check, timeout: float, interval: float = 0.2, what: str = "condition"):
