@@ -7,7 +7,6 @@ import json
 import math
 import shutil
 import ssl
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +17,14 @@ import pytest
 from autoscaler.spec import load_spec
 from controlplane.prometheus_server import free_port
 from controlplane.sources.prometheus import PrometheusSource, raw_triggers, resolve_trigger_authentication
+from tests.e2e.conftest import make_pki
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def vector(*values, labels=None):
@@ -206,27 +213,6 @@ def test_aggregate_queries_and_name_fallbacks(stub):
 
 
 # ---- TLS ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("pki")
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=test-ca")
-    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", *(["-extfile", "san.cnf"] if name == "server" else []))
-    return d
-
-
 def tls_stub(pki, client_certs: bool) -> Stub:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(pki / "server.pem", pki / "server.key")

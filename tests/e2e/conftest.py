@@ -143,7 +143,9 @@ class SteadyLoad:
                 break
             if self._stop.wait(max(0.0, due - time.monotonic())):
                 break
-            self._pool.submit(self._one, self.urls[self.sent % len(self.urls)])
+            urls = self.urls  # may be replaced while running (an engine gone)
+            if urls:
+                self._pool.submit(self._one, urls[self.sent % len(urls)])
             self.sent += 1
 
     def start(self) -> SteadyLoad:
@@ -161,6 +163,30 @@ class SteadyLoad:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def make_pki(d: Path) -> Path:
+    """A CA (ca.pem), a server certificate for 127.0.0.1 (server.pem/.key) and a client certificate
+    (client.pem/.key) in `d`, made with the openssl command."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=test-ca")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", *(["-extfile", "san.cnf"] if name == "server" else []))
+    return d
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def wait_for(check, timeout: float, interval: float = 0.2, what: str = "condition"):
