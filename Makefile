@@ -40,7 +40,7 @@ test: install
 	$(VENV)/bin/pytest -q
 
 demo: install
-	$(VENV)/bin/slopilot demo
+	$(VENV)/bin/slopilot demo --live
 
 clean:
 	rm -rf $(VENV) build *.egg-info engine/_page_allocator*.so

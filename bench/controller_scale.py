@@ -73,7 +73,7 @@ def measure(url: str, n: int, workers: int, interval: float, rounds: int) -> dic
     loops, durations = [], []
     for i in range(n):
         spec = load_spec(SPEC.format(i=i, url=url, interval=int(interval)))
-        loop = AutoscalerLoop(spec, make_policy(spec), PrometheusSource(url, spec=spec), MemoryTarget(1))
+        loop = AutoscalerLoop(spec, make_policy(spec), PrometheusSource(url), MemoryTarget(1))
         tick = loop.tick
 
         def timed(now, tick=tick):

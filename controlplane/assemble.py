@@ -45,8 +45,7 @@ def source_for(spec: Spec, loaded: Loaded, prometheus: str | None, scrape, engin
         raise ValueError(f"{spec.name}: no Prometheus to ask: give --prometheus URL (or --scrape) or a "
                          f"trigger serverAddress")
     return PrometheusSource(url, engine="vllm" if engine == "auto" else engine, timeout=timeout,
-                            trigger_auth=trigger_auth(spec, loaded), override=prometheus is not None,
-                            spec=spec)
+                            trigger_auth=trigger_auth(spec, loaded), override=prometheus is not None)
 
 
 def log_path(template: str | None, name: str, several: bool) -> Path | None:

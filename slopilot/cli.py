@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "replay": "slopilot.commands.replay",
     "export": "slopilot.commands.export",
     "control": "slopilot.commands.control",
+    "fleet": "slopilot.commands.fleet",
 }
 
 

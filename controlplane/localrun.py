@@ -1,0 +1,172 @@
+"""Everything `slopilot fleet up` starts, in one object: a local fleet of engine processes, a real
+Prometheus scraping them, the controller scaling the fleet with the FLEET.yaml's autoscaler, and the
+optional built-in load.
+
+    with LocalRun(load_fleet_config("examples/fleet_local.yaml"), "out/fleet") as run:
+        run.wait()          # until the load ends (or stop() from a signal handler)
+    run.summary()           # scale events, request counts, latency percentiles
+
+Leaving the block (also on Ctrl-C or an error) stops the load, the controller, the fleet (SIGTERM,
+drain) and Prometheus, in that order. The run folder holds the decision log (replayable with
+`slopilot replay`), the spec, the policy state, each replica's log and Prometheus's data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from autoscaler.spec import make_policy
+from controlplane.controller import AutoscalerLoop, Controller
+from controlplane.dashboard import Dashboard
+from controlplane.decision_log import DecisionLog
+from controlplane.fleet import LocalFleet
+from controlplane.fleet.config import FleetConfig
+from controlplane.loadgen import LoadGenerator
+from controlplane.prometheus_server import PrometheusServer
+from controlplane.sources import PrometheusSource
+from controlplane.state import StateStore
+from controlplane.telemetry import Telemetry
+
+
+class LocalRun:
+    def __init__(self, config: FleetConfig, out: str | Path, rate_window: float = 60.0,
+                 with_load: bool = True):
+        if config.autoscaler is None:
+            raise ValueError(f"{config.source}: autoscaler: a fleet run needs an autoscaler spec")
+        self.cfg, self.out = config, Path(out)
+        self.rate_window, self.with_load = rate_window, with_load
+        self.stopping = threading.Event()
+        self.telemetry = Telemetry()
+        self.fleet: LocalFleet | None = None
+        self.prometheus: PrometheusServer | None = None
+        self.loop: AutoscalerLoop | None = None
+        self.load: LoadGenerator | None = None
+        self.load_result = None
+        self.dashboard: Dashboard | None = None
+        self._threads: list[threading.Thread] = []
+        self.started = 0.0
+        self.final_frame: str | None = None
+
+    # -- start and stop --------------------------------------------------------------------------
+    def start(self) -> LocalRun:
+        cfg, out = self.cfg, self.out
+        out.mkdir(parents=True, exist_ok=True)
+        self._write_spec()
+        self.fleet = LocalFleet(cfg, out / "fleet", wait_ready=False)
+        self.fleet.start()
+        self.prometheus = PrometheusServer(scrape_interval=cfg.scrape_interval, data_dir=out / "prometheus",
+                                           sd_file=self.fleet.file_sd_path).start()
+        spec = cfg.autoscaler
+        model = None
+        if spec.policy_type == "sloModel":  # the emulated replicas' own step-time model
+            from simulator.latency import load_latency_model
+
+            model = load_latency_model(cfg.emulate) if cfg.emulate else None
+            if model is None:
+                raise ValueError(f"{cfg.source}: an sloModel autoscaler needs an emulated fleet's model")
+        source = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True)
+        log = DecisionLog(out / "decisions.csv", [t.name for t in spec.triggers])
+        self.loop = AutoscalerLoop(spec, make_policy(spec, latency_model=model), source, self.fleet,
+                                   StateStore(out / "state"), log, self.telemetry)
+        view = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True, aggregates="all")
+        self.dashboard = Dashboard([self.loop], [view], title=cfg.name)
+        self.started = time.time()
+        self._thread(Controller([self.loop], telemetry=self.telemetry).run, self.stopping)
+        if self.with_load and cfg.load is not None:
+            self.load = LoadGenerator(cfg.load, self.fleet.endpoints)
+            self._thread(self._run_load)
+        return self
+
+    def _thread(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _run_load(self) -> None:
+        self.load_result = self.load.run()
+
+    def _write_spec(self) -> None:
+        cfg = self.cfg
+        name = f"{cfg.autoscaler.name}.yaml"
+        if cfg.autoscaler_path:
+            shutil.copyfile(cfg.autoscaler_path, self.out / name)
+        else:
+            import yaml
+
+            (self.out / name).write_text(yaml.safe_dump(cfg.autoscaler.doc, sort_keys=False))
+        self.spec_path = self.out / name
+
+    def wait(self, duration: float | None = None, on_tick=None) -> None:
+        """Until the load has ended (or `duration` seconds, or stop()); on_tick() about every second."""
+        end = None if duration is None else time.time() + duration
+        while not self.stopping.is_set():
+            if on_tick is not None:
+                on_tick()
+            if end is not None and time.time() >= end:
+                break
+            if end is None and self.load is not None and self.load_result is not None:
+                break
+            self.stopping.wait(1.0)
+
+    def stop(self) -> None:
+        if self.dashboard is not None and self.final_frame is None:
+            self.dashboard.refresh()
+            self.final_frame = self.dashboard.text()  # the last frame while everything still runs
+        self.stopping.set()
+        if self.load is not None:
+            self.load.stop()
+        for t in self._threads:
+            t.join(timeout=30)
+        if self.fleet is not None:
+            self.fleet.stop()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        if self.loop is not None and self.loop.log is not None:
+            self.loop.log.close()
+
+    def __enter__(self) -> LocalRun:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- results ---------------------------------------------------------------------------------
+    def scale_events(self) -> list[dict]:
+        """Each change of the applied replica count, from the decision log."""
+        import csv
+
+        events, last = [], None
+        with open(self.out / "decisions.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                applied = int(row["desired_replicas"]) if not row["scale_error"] else None
+                current = int(row["current_replicas"])
+                if last is None:
+                    last = current
+                if applied is not None and applied != last:
+                    events.append({"time_s": round(float(row["time"]) - self.started, 3), "from": last,
+                                   "to": applied, "reason": row["reason"]})
+                    last = applied
+        return events
+
+    def summary(self) -> dict:
+        out = {"fleet": self.cfg.name, "autoscaler": self.cfg.autoscaler.name,
+               "policy": self.cfg.autoscaler.policy_type, "scale_events": self.scale_events(),
+               "decisions_csv": "decisions.csv", "spec": self.spec_path.name}
+        if self.load_result is not None:
+            out["requests"] = self.load_result.summary()
+        return out
+
+    def write_summary(self) -> dict:
+        s = self.summary()
+        (self.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        if self.final_frame is not None:
+            (self.out / "dashboard.txt").write_text(self.final_frame)
+        return s

@@ -1,0 +1,72 @@
+"""`slopilot fleet up FLEET.yaml`: a local fleet of engines, a real Prometheus and the controller.
+
+The all-in-one to try a policy on a laptop: engine replicas as processes (`serve --emulate MODEL` by
+default) on free loopback ports, the Debian `prometheus` binary scraping them, and the controller
+scaling the fleet with the FLEET.yaml's autoscaler spec, under the optional built-in load, with a
+live dashboard. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run a local fleet of engines with Prometheus and the controller (fleet up FLEET.yaml)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = sub.add_parser("up", help="start the fleet, Prometheus, the controller and the load",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    up.add_argument("fleet", metavar="FLEET.yaml", help="the fleet (see examples/fleet_local.yaml)")
+    up.add_argument("--out", "-o", default="out/fleet", help="run folder: decision log, logs, summary")
+    up.add_argument("--duration", type=float, default=None,
+                    help="seconds to run (default: until the built-in load ends, or Ctrl-C without one)")
+    up.add_argument("--no-load", action="store_true", help="do not send the FLEET.yaml's built-in load")
+    up.add_argument("--rate-window", type=float, default=60.0, help="seconds of the rates the policy reads")
+    up.add_argument("--no-dashboard", action="store_true", help="print one line per scale instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    from controlplane.fleet import load_fleet_config
+
+    cfg = load_fleet_config(args.fleet)
+    return run_fleet(cfg, args.out, args.duration, not args.no_load, args.rate_window, not args.no_dashboard)
+
+
+def run_fleet(cfg, out: str, duration: float | None, with_load: bool, rate_window: float,
+              dashboard: bool = True) -> int:
+    """Runs the fleet until the load ends, `duration` passes or SIGINT/SIGTERM; writes the summary."""
+    import json
+    import signal
+    import sys
+
+    from rich.live import Live
+
+    from controlplane.localrun import LocalRun
+    from controlplane.logs import setup_logging
+
+    setup_logging("warning" if dashboard else "info")
+    run = LocalRun(cfg, out, rate_window=rate_window, with_load=with_load)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: run.stopping.set())
+    print(f"starting {cfg.name}: {cfg.replicas} replica(s), Prometheus, the controller "
+          f"({cfg.autoscaler.kind} {cfg.autoscaler.name}); run folder {out}", file=sys.stderr, flush=True)
+    if duration is None and (not with_load or cfg.load is None):
+        print("no load and no --duration: runs until Ctrl-C", file=sys.stderr)
+    with run:
+        if dashboard and sys.stdout.isatty():
+            with Live(run.dashboard.render(), refresh_per_second=1, transient=False) as live:
+                def tick():
+                    run.dashboard.refresh()
+                    live.update(run.dashboard.render())
+
+                run.wait(duration, tick)
+        else:
+            run.wait(duration, run.dashboard.refresh)
+    summary = run.write_summary()
+    print(run.final_frame or "")
+    print(json.dumps({k: summary[k] for k in ("scale_events", "requests") if k in summary}, indent=2))
+    print(f"wrote {out}/decisions.csv, summary.json, dashboard.txt; replay with: slopilot replay "
+          f"--spec {out}/{summary['spec']} --metrics {out}/decisions.csv")
+    return 0
