@@ -112,24 +112,24 @@ class QuerySource:
             self._aggregate(obs, group)
         return obs
 
-    def _read(self, aggregate: str) -> tuple[Vector | None, str | None]:
-        """(answer of the first candidate name with data, the name); (None, None) when none has data."""
+    def _read(self, aggregate: str) -> Vector:
+        """The answer for the first candidate name with data; empty when none has any."""
         kind, names = candidates(aggregate, self.engine_for_aggregates())
         window = format_duration(self.window)
         reasons = []
         for name in names:
             vec = self.query(promql(kind, name, self.selector, window))
             if vec:
-                return vec, name
+                return vec
             why = self.missing(name + ("_bucket" if kind == "buckets" else ""))
             if why is not None:
                 reasons.append(why)
         if reasons and len(reasons) == len(names):
             raise MissingMetric("; ".join(reasons))
-        return None, None
+        return []
 
     def _total(self, aggregate: str) -> float:
-        vec, _ = self._read(aggregate)
+        vec = self._read(aggregate)
         return single_value(vec) if vec else 0.0  # a sum over no replica is 0, as in the simulator
 
     def _aggregate(self, obs: Observation, group: str) -> None:
@@ -145,12 +145,11 @@ class QuerySource:
             elif group in ("num_waiting", "num_running"):
                 setattr(obs, group, self._total(group))
             elif group == "kv_usage":
-                vec, _ = self._read("kv_usage")
+                vec = self._read("kv_usage")
                 obs.kv_usage = single_value(vec) if vec else None
             else:
-                vec, _ = self._read(group)
                 table = getattr(obs, fields)
-                buckets = [(float(lb["le"]), v) for lb, v in vec or [] if "le" in lb]
+                buckets = [(float(lb["le"]), v) for lb, v in self._read(group) if "le" in lb]
                 for p in PERCENTILES:
                     q = bucket_quantile(p / 100, buckets)
                     if not math.isnan(q):

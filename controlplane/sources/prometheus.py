@@ -168,6 +168,8 @@ class PrometheusSource(QuerySource):
         params = self.trigger_auth.get(name, self.auth) if name else self.auth
         timeout = float(md["timeout"]) / 1000 if md.get("timeout") else self.timeout  # KEDA: milliseconds
         query_params = _pairs(md.get("queryParameters", ""), "queryParameters")
+        if md.get("namespace"):  # for namespaced query frontends (Thanos), as KEDA passes it
+            query_params.setdefault("namespace", md["namespace"])
         if self.pin_time and self._now is not None:
             query_params.setdefault("time", f"{self._now:.3f}")
         client = self._client(url, params, md.get("authModes", self.auth_modes),

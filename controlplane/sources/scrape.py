@@ -10,6 +10,7 @@ If every endpoint fails, every query fails: an outage is never read as zero.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,7 +123,7 @@ class ScrapeSource(QuerySource):
         self.targets: dict[str, Target] = {}
         self.evaluated_at: float | None = None
         self._client = httpx.Client(timeout=timeout, headers=headers, verify=verify, transport=transport)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the scraping thread vs observe()
         self._trees: dict[str, object] = {}
         self._current: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -224,7 +225,8 @@ class ScrapeSource(QuerySource):
         self.retention = max(self.retention, end - start + 60.0)
         out = []
         for target in self.targets.values():
-            idx = [k for k, t in enumerate(target.times) if start <= t <= end]  # closed, as Prometheus 2.x
+            # closed on both ends, as Prometheus 2.x selects a range
+            idx = range(bisect.bisect_left(target.times, start), bisect.bisect_right(target.times, end))
             for c in target.matching(sel):
                 ts, vs = [], []
                 for k in idx:
@@ -254,7 +256,8 @@ class ScrapeSource(QuerySource):
         return len(up), set().union(*(t.names() for t in up)) if up else set()
 
     def missing(self, name: str) -> str | None:
-        n, names = self._up_names()
+        with self._lock:
+            n, names = self._up_names()
         if n and name not in names:
             return f"metric {name!r} is not on the {n} scraped page(s)"
         return None
@@ -262,7 +265,8 @@ class ScrapeSource(QuerySource):
     def engine_for_aggregates(self) -> str:
         if not self.auto:
             return self.engine
-        return detect_engine(self._up_names()[1]) or self.engine
+        with self._lock:
+            return detect_engine(self._up_names()[1]) or self.engine
 
     def query(self, text: str, trigger=None) -> Vector:
         at = self.evaluated_at if self.evaluated_at is not None else self.clock()
