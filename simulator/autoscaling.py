@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autoscaler.observation import Observation
 from autoscaler.policy import Policy
@@ -43,20 +42,10 @@ def make_pool_policy(spec, latency_model) -> PoolPolicy:
     if cfg["kind"] == "schedule":
         policy = SchedulePolicy(cfg["steps"], spec.replicas, cfg["polling_interval"])
         return PoolPolicy(policy, reads_metrics=False)
-    from autoscaler.spec import load_spec, make_policy
+    from autoscaler.spec import make_policy
     from simulator.latency import load_latency_model
 
-    where = cfg["where"]
-    try:
-        if "path" in cfg:
-            path = Path(cfg["path"])
-            if not path.exists():
-                raise FileNotFoundError(f"{where}.spec: file not found: {path}")
-            parsed = load_spec(path.read_text())
-        else:
-            parsed = load_spec(cfg["inline"])
-    except ValueError as exc:
-        raise ValueError(f"{where}.spec: {exc}") from None
+    parsed = cfg["spec"]  # validated when the scenario was loaded
     model = load_latency_model(cfg["latency_model"]) if cfg.get("latency_model") else latency_model
     return PoolPolicy(make_policy(parsed, latency_model=model), list(parsed.triggers))
 

@@ -204,8 +204,7 @@ def _autoscaler(doc: Document, base: Path) -> dict:
     """The pool's autoscaler entry: fixed, a schedule, or a policy spec (a file or inline)."""
     a, where = doc.data, dotted(doc.prefix)
     if "apiVersion" in a or "kind" in a:  # a whole spec inline
-        load_spec(doc)
-        return {"kind": "spec", "inline": a, "latency_model": None, "where": where}
+        return {"kind": "spec", "spec": load_spec(doc), "latency_model": None, "where": where}
     if "fixed" in a:
         return {"kind": "fixed", "replicas": int(a["fixed"])}
     if "schedule" in a:
@@ -220,16 +219,15 @@ def _autoscaler(doc: Document, base: Path) -> dict:
     if lm and ("/" in lm or lm.endswith(".json")):
         lm = resolve(lm, base)
     if isinstance(a["spec"], dict):
-        load_spec(doc.at("spec"))
-        return {"kind": "spec", "inline": a["spec"], "latency_model": lm, "where": where}
+        return {"kind": "spec", "spec": load_spec(doc.at("spec")), "latency_model": lm, "where": where}
     path = resolve(a["spec"], base)
     if not Path(path).is_file():
         raise doc.error(("spec",), f"file not found: {path}")
     try:
-        load_spec(Path(path).read_text(), path=path)
+        spec = load_spec(Path(path).read_text(), path=path)
     except ValueError as exc:
         raise doc.error(("spec",), str(exc)) from None
-    return {"kind": "spec", "path": path, "latency_model": lm, "where": where}
+    return {"kind": "spec", "spec": spec, "path": path, "latency_model": lm, "where": where}
 
 
 ROUTER_DEFAULTS = {
