@@ -104,7 +104,7 @@ def test_invalid_spec_error_names_file_and_field(tmp_path, capsys):
     spec.write_text((EXAMPLES / "keda_queue.yaml").read_text().replace('threshold: "10"', "threshold: ten"))
     rc = main(["replay", "--spec", str(spec), "--metrics", str(EXAMPLES / "keda_queue.csv")])
     assert rc == 2
-    assert f"{spec}: spec.triggers[0].metadata.threshold: must be a number" in capsys.readouterr().err
+    assert f"{spec}:19: spec.triggers[0].metadata.threshold: must be a number" in capsys.readouterr().err
 
 
 def test_ticks_use_latest_row_at_or_before():

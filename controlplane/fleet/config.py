@@ -133,4 +133,4 @@ def _autoscaler(doc: Document, base: Path) -> tuple[Spec | None, str | None]:
     path = Path(resolve(value, base))
     if not path.is_file():
         raise doc.error(("autoscaler",), f"no such spec file: {path}")
-    return load_spec(_read(path)), str(path)
+    return load_spec(_read(path), path=str(path)), str(path)

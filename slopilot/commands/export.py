@@ -25,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from autoscaler.spec import load_spec
 
     path = Path(args.spec)
+    spec = load_spec(path.read_text(), path=str(path))  # errors name the file, line and field
     try:
-        spec = load_spec(path.read_text())
         doc, notes = to_scaled_object(spec, args.server_address)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None

@@ -24,10 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=float, default=None, help="override the spec's polling interval (s)"
     )
-    parser.add_argument(
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument(
         "--step-model",
         help="JSON step-time coefficients for sloModel specs "
         "(base_ms, prefill_token_ms, decode_seq_ms, decode_context_token_ms)",
+    )
+    model.add_argument(
+        "--latency-model",
+        metavar="NAME_OR_JSON",
+        help="step-time model for sloModel specs: a shipped model name or a calibrated JSON "
+        "(what `slopilot control --latency-model` took)",
     )
 
 
@@ -36,16 +43,17 @@ def run(args: argparse.Namespace) -> int:
     from autoscaler.spec import load_spec, make_policy
 
     spec_path, series_path = Path(args.spec), Path(args.metrics)
-    try:
-        spec = load_spec(spec_path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{spec_path}: {exc}") from None
+    spec = load_spec(spec_path.read_text(), path=str(spec_path))  # errors name the file, line and field
     model = None
     if args.step_model:
         try:
             model = LinearStepModel(json.loads(Path(args.step_model).read_text()), args.step_model)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{args.step_model}: not valid JSON: {exc}") from None
+    elif args.latency_model:
+        from simulator.latency import load_latency_model
+
+        model = load_latency_model(args.latency_model)
     policy = make_policy(spec, latency_model=model)
     with series_path.open(newline="") as lines:
         header = lines.readline()
