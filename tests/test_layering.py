@@ -218,3 +218,24 @@ def test_cycle_and_torch_examples():
     assert heavy_paths(graph, {**graph, "engine": set()}) == []  # ... and imports torch only lazily
     graph = {"simulator.a": {"engine.core.x"}, "engine.core.x": {"engine.llm"}, "engine.llm": {"torch"}}
     assert heavy_paths(graph)[0] == "engine.core.x -> engine.llm -> torch"
+
+
+FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink"}
+
+
+def file_io_calls(package: str) -> list[str]:
+    """Calls that touch files (open(), Path.read_text(), ...) in a package's code."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in FILE_CALLS:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}()")
+    return found
+
+
+def test_autoscaler_does_no_file_io():
+    """Policies and their parsers take text; the CLI (slopilot/commands) reads and writes the files."""
+    assert file_io_calls("autoscaler") == []
