@@ -13,6 +13,12 @@ Grammar (the expr-lang subset KEDA formulas use):
     power   := atom ('**' unary)?
     atom    := NUMBER | NAME | NAME '(' args ')' | '(' expr ')' | 'true' | 'false' | 'nil'
 Names resolve to trigger values (None = nil); functions: min, max, abs, ceil, floor, round.
+
+Every failure is a FormulaError (a ValueError): a formula that does not parse, and at evaluation an
+overflow, a division by zero, a complex power, a nil in arithmetic or a result that is not a finite
+number; nothing is ever read as 0. The cost is bounded: at most MAX_CHARS of text, nested at most
+MAX_NESTING deep (parentheses, arguments, ternaries, prefix operators, powers), every value a float, so one
+evaluation is a walk over at most a few hundred nodes.
 """
 
 from __future__ import annotations
@@ -20,11 +26,42 @@ from __future__ import annotations
 import math
 import re
 
+MAX_CHARS = 1000  # a KEDA formula is one line over a few trigger names
+MAX_NESTING = 32  # keeps parsing and evaluation far from Python's recursion limit
+
 _TOKEN = re.compile(
     r"\s*(?:(\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?|([A-Za-z_][A-Za-z0-9_]*)"
     r"|(\?\?|\*\*|&&|\|\||<=|>=|==|!=|[-+*/%<>!?:(),]))"
 )
-_FUNCS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "floor": math.floor, "round": round}
+# name -> (function, fewest arguments, most arguments or None)
+_FUNCS = {
+    "min": (min, 1, None),
+    "max": (max, 1, None),
+    "abs": (abs, 1, 1),
+    "ceil": (math.ceil, 1, 1),
+    "floor": (math.floor, 1, 1),
+    "round": (round, 1, 1),
+}
+_CMP = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
+
+class FormulaError(ValueError):
+    """A formula that does not parse, or whose evaluation failed (KEDA: a failed scaler metric)."""
+
+
+class _Failed(Exception):
+    """Why an evaluation failed; Formula turns it into a FormulaError naming the formula."""
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
 def tokenize(text: str) -> list[tuple[str, str]]:
@@ -33,7 +70,7 @@ def tokenize(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise ValueError(f"formula {text!r}: unexpected character at column {pos + 1}")
+            raise FormulaError(f"formula {_short(text)}: unexpected character at column {pos + 1}")
         if m.group(1) is not None:
             tokens.append(("num", m.group(0).strip()))
         elif m.group(2) is not None:
@@ -45,11 +82,20 @@ def tokenize(text: str) -> list[tuple[str, str]]:
 
 
 class _Parser:
-    """Recursive descent straight to a closure tree, so a formula is parsed once and evaluated often."""
+    """Recursive descent straight to a closure tree, so a formula is parsed once and evaluated often.
+    Chains of one operator (a + b - c, a ?? b ?? c) are one node evaluated in a loop, so only nesting
+    makes the tree deep, and nesting is bounded."""
 
     def __init__(self, text: str):
-        self.text, self.toks, self.i = text, tokenize(text), 0
+        if not isinstance(text, str):
+            raise FormulaError(f"formula must be text, got {type(text).__name__}")
+        if len(text) > MAX_CHARS:
+            raise FormulaError(f"formula is {len(text)} characters long, more than the limit of {MAX_CHARS}")
+        self.text, self.toks, self.i, self.depth = text, tokenize(text), 0, 0
         self.names: set[str] = set()
+
+    def fail(self, what: str) -> FormulaError:
+        return FormulaError(f"formula {_short(self.text)}: {what}")
 
     def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -63,102 +109,117 @@ class _Parser:
 
     def expect(self, op: str) -> None:
         if not self.accept(op):
-            raise ValueError(f"formula {self.text!r}: expected {op!r}")
+            raise self.fail(f"expected {op!r}")
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"nested more than {MAX_NESTING} levels deep")
 
     def parse(self):
         node = self.ternary()
         if self.peek() is not None:
-            raise ValueError(f"formula {self.text!r}: unexpected {self.peek()[1]!r}")
+            raise self.fail(f"unexpected {self.peek()[1]!r}")
         return node
 
     def ternary(self):
+        self.enter()
         cond = self.coalesce()
         if self.accept("?"):
             a = self.ternary()
             self.expect(":")
             b = self.ternary()
+            self.depth -= 1
             return lambda env: a(env) if _truthy(cond(env)) else b(env)
+        self.depth -= 1
         return cond
 
     def coalesce(self):
-        node = self.or_()
+        parts = [self.or_()]
         while self.accept("??"):
-            left, right = node, self.or_()
-            node = (lambda lf, rf: lambda env: v if (v := lf(env)) is not None else rf(env))(left, right)
-        return node
+            parts.append(self.or_())
+        if len(parts) == 1:
+            return parts[0]
+
+        def run(env):
+            for part in parts:
+                v = part(env)
+                if v is not None:
+                    return v
+            return None
+
+        return run
 
     def or_(self):
-        node = self.and_()
+        parts = [self.and_()]
         while self.accept("||", "or"):
-            left, right = node, self.and_()
-            node = (lambda lf, rf: lambda env: _truthy(lf(env)) or _truthy(rf(env)))(left, right)
-        return node
+            parts.append(self.and_())
+        return parts[0] if len(parts) == 1 else (lambda env: any(_truthy(p(env)) for p in parts))
 
     def and_(self):
-        node = self.cmp()
+        parts = [self.cmp()]
         while self.accept("&&", "and"):
-            left, right = node, self.cmp()
-            node = (lambda lf, rf: lambda env: _truthy(lf(env)) and _truthy(rf(env)))(left, right)
-        return node
+            parts.append(self.cmp())
+        return parts[0] if len(parts) == 1 else (lambda env: all(_truthy(p(env)) for p in parts))
 
     def cmp(self):
         node = self.sum()
-        op = self.accept("<", "<=", ">", ">=", "==", "!=")
+        op = self.accept(*_CMP)
         if op:
-            left, right = node, self.sum()
-            fn = {
-                "<": lambda a, b: a < b,
-                "<=": lambda a, b: a <= b,
-                ">": lambda a, b: a > b,
-                ">=": lambda a, b: a >= b,
-                "==": lambda a, b: a == b,
-                "!=": lambda a, b: a != b,
-            }[op]
+            left, right, fn = node, self.sum(), _CMP[op]
             return lambda env: fn(_num(left(env)), _num(right(env)))
         return node
 
+    def _chain(self, operand, ops: tuple[str, ...]):
+        first, rest = operand(), []
+        while op := self.accept(*ops):
+            rest.append((op, operand()))
+        if not rest:
+            return first
+
+        def run(env):
+            v = _num(first(env))
+            for o, f in rest:
+                v = _arith(o, v, _num(f(env)))
+            return v
+
+        return run
+
     def sum(self):
-        node = self.term()
-        while op := self.accept("+", "-"):
-            left, right = node, self.term()
-            node = (
-                lambda lf, rf, o: (
-                    lambda env: _num(lf(env)) + _num(rf(env)) if o == "+" else _num(lf(env)) - _num(rf(env))
-                )
-            )(left, right, op)
-        return node
+        return self._chain(self.term, ("+", "-"))
 
     def term(self):
-        node = self.unary()
-        while op := self.accept("*", "/", "%"):
-            left, right = node, self.unary()
-            node = (lambda lf, rf, o: lambda env: _arith(o, _num(lf(env)), _num(rf(env))))(left, right, op)
-        return node
+        return self._chain(self.unary, ("*", "/", "%"))
 
     def unary(self):
-        if self.accept("-"):
+        if op := self.accept("-", "!", "not"):
+            self.enter()
             inner = self.unary()
-            return lambda env: -_num(inner(env))
-        if self.accept("!", "not"):
-            inner = self.unary()
+            self.depth -= 1
+            if op == "-":
+                return lambda env: -_num(inner(env))
             return lambda env: not _truthy(inner(env))
         return self.power()
 
     def power(self):
         base = self.atom()
-        if self.accept("**"):
+        if self.accept("**"):  # right-associative: a ** b ** c nests
+            self.enter()
             exp = self.unary()
-            return lambda env: _num(base(env)) ** _num(exp(env))
+            self.depth -= 1
+            return lambda env: _arith("**", _num(base(env)), _num(exp(env)))
         return base
 
     def atom(self):
         t = self.peek()
         if t is None:
-            raise ValueError(f"formula {self.text!r}: unexpected end")
+            raise self.fail("unexpected end")
         self.i += 1
         kind, val = t
         if kind == "num":
             v = float(val)
+            if not math.isfinite(v):
+                raise self.fail(f"number {val} is too large")
             return lambda env: v
         if kind == "name":
             if val in ("true", "false"):
@@ -167,18 +228,27 @@ class _Parser:
             if val == "nil":
                 return lambda env: None
             if self.accept("("):
-                if val not in _FUNCS:
-                    raise ValueError(f"formula {self.text!r}: unknown function {val!r}")
-                args = [] if self.accept(")") else self._args()
-                fn = _FUNCS[val]
-                return lambda env: float(fn(*[_num(a(env)) for a in args]))
+                return self.call(val)
             self.names.add(val)
-            return lambda env: env[val] if val in env else _unknown(val)
+            return lambda env: _lookup(env, val)
         if val == "(":
             node = self.ternary()
             self.expect(")")
             return node
-        raise ValueError(f"formula {self.text!r}: unexpected {val!r}")
+        raise self.fail(f"unexpected {val!r}")
+
+    def call(self, name: str):
+        if name not in _FUNCS:
+            raise self.fail(f"unknown function {name!r} (functions: {', '.join(_FUNCS)})")
+        fn, least, most = _FUNCS[name]
+        args = [] if self.accept(")") else self._args()
+        if len(args) < least or (most is not None and len(args) > most):
+            wanted = f"{least}" if most == least else f"at least {least}"
+            raise self.fail(f"{name}() takes {wanted} argument(s), got {len(args)}")
+        if most == 1:
+            arg = args[0]
+            return lambda env: float(fn(_num(arg(env))))
+        return lambda env: float(fn([_num(a(env)) for a in args]))
 
     def _args(self):
         args = [self.ternary()]
@@ -188,8 +258,13 @@ class _Parser:
         return args
 
 
-def _unknown(name: str):
-    raise ValueError(f"formula uses unknown name {name!r}")
+def _lookup(env: dict, name: str):
+    if name not in env:
+        raise _Failed(f"unknown name {name!r}")
+    v = env[name]
+    if v is not None and not isinstance(v, bool) and not math.isfinite(v):
+        raise _Failed(f"{name} is {v}, not a finite number")
+    return v
 
 
 def _truthy(v) -> bool:
@@ -198,30 +273,67 @@ def _truthy(v) -> bool:
 
 def _num(v) -> float:
     if v is None:
-        raise ValueError("formula used a nil value in arithmetic (use ?? to give a default)")
-    return float(v)
+        raise _Failed("a nil value in arithmetic (use ?? to give a default)")
+    v = float(v)
+    if not math.isfinite(v):
+        raise _Failed(f"{v} is not a finite number")
+    return v
 
 
 def _arith(op: str, a: float, b: float) -> float:
-    if op == "*":
-        return a * b
-    if b == 0:
-        return math.inf if op == "/" and a > 0 else (-math.inf if op == "/" and a < 0 else math.nan)
-    return a / b if op == "/" else math.fmod(a, b)
+    """a op b, or _Failed for what has no finite real answer."""
+    shown = f"{_g(a)} {op} {_g(b)}"
+    if b == 0 and op in ("/", "%"):
+        raise _Failed(f"division by zero ({shown})")
+    try:
+        if op == "+":
+            v = a + b
+        elif op == "-":
+            v = a - b
+        elif op == "*":
+            v = a * b
+        elif op == "/":
+            v = a / b
+        elif op == "%":
+            v = math.fmod(a, b)
+        else:
+            v = a**b
+    except ZeroDivisionError:
+        raise _Failed(f"division by zero ({shown})") from None
+    except OverflowError:
+        raise _Failed(f"overflow ({shown})") from None
+    if isinstance(v, complex):
+        raise _Failed(f"{shown} has no real value")
+    if not math.isfinite(v):
+        raise _Failed(f"overflow ({shown})")
+    return v
+
+
+def _g(x: float) -> str:
+    return f"({x:g})" if x < 0 else f"{x:g}"
 
 
 class Formula:
     def __init__(self, text: str):
         parser = _Parser(text)
         self.text = text
-        self._fn = parser.parse()
+        try:
+            self._fn = parser.parse()
+        except RecursionError:  # a caller already deep in its own stack
+            raise FormulaError(f"formula {_short(text)}: nested too deeply") from None
         self.names = frozenset(parser.names)
 
     def __call__(self, env: dict[str, float | None]) -> float:
-        v = self._fn(env)
-        if isinstance(v, bool):
-            return 1.0 if v else 0.0
-        return _num(v)
+        """The formula's value: a finite float, else FormulaError."""
+        try:
+            v = self._fn(env)
+            if isinstance(v, bool):
+                return 1.0 if v else 0.0
+            if v is None:
+                raise _Failed("the result is nil")
+            return _num(v)
+        except (_Failed, ArithmeticError, RecursionError, TypeError, ValueError) as exc:
+            raise FormulaError(f"formula {_short(self.text)}: {exc}") from None
 
 
 def evaluate(text: str, env: dict[str, float | None]) -> float:

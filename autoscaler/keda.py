@@ -10,11 +10,10 @@ when KEDA changes the count at a tick the HPA acts from the next one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from autoscaler import hpa
-from autoscaler.expr import Formula
+from autoscaler.expr import Formula, FormulaError
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
 from autoscaler.prometheus import QueryError, null_value
@@ -71,6 +70,10 @@ def fallback_replicas(fb: Fallback, current: int) -> int:
     if fb.behavior == "currentReplicasIfLower":
         return min(current, fb.replicas)
     return fb.replicas
+
+
+# the scalingModifiers formula's entry in errors and failures (no trigger name has a dot)
+FORMULA = "scalingModifiers.formula"
 
 
 class KedaPolicy(Policy):
@@ -147,17 +150,14 @@ class KedaPolicy(Policy):
         values, errors = self.read_triggers(obs)
         composite = None
         if self.formula is not None:
-            if errors:
-                active, is_error = False, True
-            else:
-                composite = self.formula(values)
-                if math.isnan(composite) or math.isinf(composite):
-                    composite = 0.0
-                active, is_error = composite > cfg.modifiers.activation_target, False
+            composite = self._composite(values, errors)
+            active = composite is not None and composite > cfg.modifiers.activation_target
+            is_error = composite is None
         else:
             active = any(values[t.name] > t.activation_threshold for t in cfg.triggers if t.name in values)
             is_error = bool(errors)
-        err_note = f" (errors: {', '.join(sorted(errors))})" if errors else ""
+        shown = sorted(n for n in errors if n != FORMULA) + ([errors[FORMULA]] if FORMULA in errors else [])
+        err_note = f" (errors: {', '.join(shown)})" if errors else ""
 
         if cfg.activation:
             step = self._keda_step(now, current, active, is_error)
@@ -174,7 +174,8 @@ class KedaPolicy(Policy):
             if (
                 composite is None and cfg.fallback is not None
             ):  # composite fallback: any trigger over threshold
-                if any(self.failures.get(t.name, 0) > cfg.fallback.failure_threshold for t in cfg.triggers):
+                names = [t.name for t in cfg.triggers] + [FORMULA]
+                if any(self.failures.get(n, 0) > cfg.fallback.failure_threshold for n in names):
                     proposals = [fallback_replicas(cfg.fallback, current)]
         else:
             proposals = [
@@ -185,6 +186,20 @@ class KedaPolicy(Policy):
             self.hpa_state, now, current, self._hpa_min(), cfg.max_replica_count, proposals, cfg.behavior
         )
         return Decision(desired, active, f"hpa: {reason}" + err_note)
+
+    def _composite(self, values: dict[str, float], errors: dict[str, str]) -> float | None:
+        """The formula's value; None when a trigger failed or the formula did (then an error under
+        FORMULA, counted toward the fallback like a failed trigger)."""
+        if errors:
+            return None
+        try:
+            value = self.formula(values)
+        except FormulaError as exc:
+            errors[FORMULA] = str(exc)
+            self.failures[FORMULA] = self.failures.get(FORMULA, 0) + 1
+            return None
+        self.failures[FORMULA] = 0
+        return value
 
     def _keda_step(self, now: float, current: int, active: bool, is_error: bool) -> tuple[int, str] | None:
         """KEDA's RequestScale; None = nothing for KEDA to do, the HPA decides."""
