@@ -10,12 +10,12 @@ from collections.abc import Callable
 from engine.server.protocol import APIError
 
 
-async def send_error(send, error: APIError, close: bool = False) -> None:
+async def send_error(send, error: APIError) -> None:
+    """The error at once, the body unread. The connection stays open: uvicorn then reads and drops
+    the rest of the body, so a client still sending it reads this answer instead of a reset."""
     # ASCII JSON: an error body can never fail to encode, whatever text it quotes
     body = json.dumps(error.body(), separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if close:  # the unread rest of the body makes the connection unusable
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -57,14 +57,14 @@ class Gate:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await send_error(send, _too_large(self.max_body_bytes), close=True)  # refused unread
+            await send_error(send, _too_large(self.max_body_bytes))
             return
         try:
             body = await self._read_body(receive)
         except ClientGone:
             return
         if body is None:
-            await send_error(send, _too_large(self.max_body_bytes), close=True)
+            await send_error(send, _too_large(self.max_body_bytes))
             return
         await self.app(scope, _replay(body, receive), send)
 

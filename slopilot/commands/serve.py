@@ -12,10 +12,10 @@ HELP = "serve the engine over an OpenAI-compatible HTTP API with vLLM-named /met
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows each flag's default, unless its help already words it."""
+    """--help shows each flag's default, unless its help already words it or there is none."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if "default" in (action.help or ""):
+        if "default" in (action.help or "") or action.default is None:
             return action.help
         return super()._get_help_string(action)
 
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; in a pod or container use 0.0.0.0, so that probes, the "
                         "Service and Prometheus can reach the server")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: no key)")
     p.add_argument("--protect-metrics", action="store_true",
@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer /health with 503 for this long after start, to mimic model loading")
     p.add_argument("--startup-delay", dest="health_hold", type=float, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the old name of --health-hold
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log level (a client that disconnects is logged at info)")
     add_cli_args(p, real_only="real mode only")
 
 
