@@ -249,10 +249,14 @@ class SloModelPolicy(Policy):
         return rate + (obs.num_waiting or 0.0) / self.drain_seconds
 
     def decide(self, obs: Observation) -> Decision:
-        if obs.arrival_rate is None or obs.mean_prompt_tokens is None or obs.mean_output_tokens is None:
+        no_mix = obs.mean_prompt_tokens is None or obs.mean_output_tokens is None
+        # a fleet that served and is now idle finishes no request, so it has no length mix; it needs
+        # none to size for nothing (before any decision the count given at start is kept instead)
+        idle = obs.arrival_rate == 0 and not obs.num_waiting and bool(self.recs)
+        if obs.arrival_rate is None or (no_mix and not idle):
             return Decision(obs.current_replicas, False, "sloModel: no arrival rate / length mix, no change")
-        rate = self.demand(obs)
-        need = replicas_needed(
+        rate = 0.0 if no_mix else self.demand(obs)
+        need = self.min_replicas if rate <= 0 else replicas_needed(
             self.model,
             rate,
             obs.mean_prompt_tokens,
@@ -264,8 +268,6 @@ class SloModelPolicy(Policy):
             obs.max_batch_seqs or self.max_batch,
             self.prompt_cv,
         )
-        if rate <= 0:
-            need = self.min_replicas
         now = obs.time
         self.recs.append([now, need])
         self.recs = [r for r in self.recs if r[0] > now - self.scale_down_delay] or self.recs[-1:]
