@@ -79,9 +79,7 @@ class AutoscalerLoop:
         step = reconcile(self.policy, obs, self.target)
         self.pending = None if step.applied else Pending(step.desired, step.decision.reason)
         self.last_obs, self.last_step = obs, step
-        if self.state is not None:
-            record = {"time": now, "policy": self.policy.state_dict(), "desired": step.desired}
-            self.state.save(self.name, record)
+        self._save(now, step.desired if step.applied else current)
         if self.log is not None:
             self.log.write(obs, step)
         self._report(obs, step, current, time.perf_counter() - started)
@@ -100,7 +98,15 @@ class AutoscalerLoop:
             return False
         log.info("%s: scaled to %d on retry %d (%s)", self.name, p.desired, p.attempt, p.reason)
         self.pending = None
+        self._save(self.last_obs.time if self.last_obs else time.time(), p.desired)
         return True
+
+    def _save(self, now: float, replicas: int) -> None:
+        """The policy's state and the count the target holds (a restarted controller whose target
+        cannot be read, a scale command, starts from it)."""
+        if self.state is not None:
+            record = {"time": now, "policy": self.policy.state_dict(), "replicas": replicas}
+            self.state.save(self.name, record)
 
     def retry_delay(self) -> float:
         return min(RETRY_FIRST * 2 ** (self.pending.attempt - 1), RETRY_MAX)
@@ -130,7 +136,11 @@ class AutoscalerLoop:
 
 
 class Controller:
-    """Runs every loop at its polling interval (the first tick at once) until `stop` is set."""
+    """Runs every loop at its polling interval (the first tick at once) until `stop` is set.
+
+    Loops may be added and removed while it runs (the Kubernetes controller follows its watched
+    resources): an added loop ticks at once, a removed one finishes the reconcile under way and stops.
+    """
 
     def __init__(self, loops: list[AutoscalerLoop], workers: int = 5, clock=time.time,
                  telemetry: Telemetry | None = None):
@@ -138,23 +148,49 @@ class Controller:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"two autoscalers share the name {', '.join(dup)}: names must be unique")
-        self.loops, self.workers, self.clock, self.telemetry = loops, workers, clock, telemetry
+        self.loops, self.workers, self.clock, self.telemetry = list(loops), workers, clock, telemetry
         self._thread_alive = False
+        self._lock = threading.Lock()
+        self._due: list[tuple[float, int, AutoscalerLoop]] = []  # (due time, sequence, loop)
+        self._seq = 0
+        self._busy: set[int] = set()  # id() of loops being reconciled
+        self._live = {id(lp) for lp in self.loops}  # id() of loops not removed
+        for lp in self.loops:
+            self._push(self.clock(), lp)
+
+    def _push(self, when: float, loop: AutoscalerLoop) -> None:
+        self._seq += 1
+        heapq.heappush(self._due, (when, self._seq, loop))
+
+    def add(self, loop: AutoscalerLoop) -> None:
+        """Starts reconciling `loop` (at once); its name must not be running already."""
+        with self._lock:
+            if any(lp.name == loop.name for lp in self.loops):
+                raise ValueError(f"an autoscaler named {loop.name} already runs")
+            self.loops.append(loop)
+            self._live.add(id(loop))
+            self._push(self.clock(), loop)
+
+    def remove(self, name: str) -> AutoscalerLoop | None:
+        """Stops reconciling the loop named `name`; returns it (None when there was none)."""
+        with self._lock:
+            for i, lp in enumerate(self.loops):
+                if lp.name == name:
+                    del self.loops[i]
+                    self._live.discard(id(lp))
+                    return lp
+        return None
 
     def run(self, stop: threading.Event) -> None:
         """Blocks until stop is set; the reconciles under way finish before it returns."""
         if self.telemetry is not None:
             self.telemetry.alive = lambda: self._thread_alive
         self._thread_alive = True
-        start = self.clock()
-        due = [(start, i) for i in range(len(self.loops))]
-        heapq.heapify(due)
-        busy: set[int] = set()
-        first_round = set(range(len(self.loops)))
-        done_lock = threading.Lock()
+        first_round = {id(lp) for lp in self.loops}
+        if not first_round and self.telemetry is not None:
+            self.telemetry.ready_to_serve.set()
 
-        def work(i: int) -> None:
-            loop = self.loops[i]
+        def work(loop: AutoscalerLoop) -> None:
             now = self.clock()
             try:
                 if loop.pending is not None and now < loop.next_tick:
@@ -167,27 +203,28 @@ class Controller:
             delay = loop.next_tick - self.clock()
             if loop.pending is not None:
                 delay = min(delay, loop.retry_delay())
-            with done_lock:
-                busy.discard(i)
-                heapq.heappush(due, (self.clock() + max(delay, 0.0), i))
-                first_round.discard(i)
+            with self._lock:
+                self._busy.discard(id(loop))
+                if id(loop) in self._live:  # not removed meanwhile
+                    self._push(self.clock() + max(delay, 0.0), loop)
+                first_round.discard(id(loop))
                 if not first_round and self.telemetry is not None:
                     self.telemetry.ready_to_serve.set()
 
         with ThreadPoolExecutor(self.workers, thread_name_prefix="reconcile") as pool:
             try:
                 while not stop.is_set():
-                    with done_lock:
+                    with self._lock:
                         ready = []
                         now = self.clock()
-                        while due and due[0][0] <= now:
-                            _, i = heapq.heappop(due)
-                            if i not in busy:
-                                busy.add(i)
-                                ready.append(i)
-                        wait = (due[0][0] - now) if due else 0.1
-                    for i in ready:
-                        pool.submit(work, i)
+                        while self._due and self._due[0][0] <= now:
+                            _, _, loop = heapq.heappop(self._due)
+                            if id(loop) not in self._busy and id(loop) in self._live:
+                                self._busy.add(id(loop))
+                                ready.append(loop)
+                        wait = (self._due[0][0] - now) if self._due else 0.1
+                    for loop in ready:
+                        pool.submit(work, loop)
                     stop.wait(min(max(wait, 0.0), 0.1) if not ready else 0)
             finally:
                 self._thread_alive = False
