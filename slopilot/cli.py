@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "slopilot.commands.export",
     "control": "slopilot.commands.control",
     "fleet": "slopilot.commands.fleet",
+    "route": "slopilot.commands.route",
 }
 
 

@@ -1,0 +1,8 @@
+"""The live LLM-aware router: an OpenAI-compatible proxy that picks an endpoint per request with the
+simulator's scoring code (simulator.router), holds requests in a gateway queue (simulator.flow) while
+the pool is saturated or scaled to zero, and exports llm-d-named metrics for autoscaling.
+
+    cfg = load_router_config("examples/router.yaml")
+    app = build_router_app(cfg, Discovery.static(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]))
+    uvicorn.run(app, port=8080)
+"""

@@ -1,0 +1,246 @@
+"""ROUTER.yaml: the router's plugins, weights and flow control, shaped like llm-d's EndpointPickerConfig.
+
+    apiVersion: llm-d.ai/v1
+    kind: EndpointPickerConfig
+    plugins:
+    - type: queue-scorer                       # waiting requests (min-max: fewest is 1)
+    - type: kv-cache-utilization-scorer        # 1 - KV usage
+    - type: prefix-cache-scorer                # share of the prompt's leading blocks routed there before
+      parameters: {blockSize: 16, lruCapacityPerServer: 31250, tokenizer: byte}
+    - type: max-score-picker                   # best weighted sum; ties at random (seeded)
+      parameters: {seed: 0}
+    schedulingProfiles:
+    - name: default
+      plugins: [{pluginRef: queue-scorer, weight: 1}, {pluginRef: prefix-cache-scorer, weight: 2}, ...]
+    saturationDetector: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8}
+    flowControl:                               # the gateway queue (without it: one band, no saturation gate)
+      defaultPriority: 0
+      priorityBands: [{priority: 10, name: high, maxRequests: 100, ttl: 10s}, {priority: 0, ttl: 60s}]
+      objectives: {premium: 10}                # x-gateway-inference-objective header (or model) -> priority
+    dataLayer: {refreshInterval: 100ms, healthCheckInterval: 1s, ejectAfter: 1}
+
+Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-cache-utilization-scorer
+(kv), prefix-cache-scorer (prefix), active-request-scorer (load: requests in flight through this
+router), running-requests-scorer (running), session-affinity-scorer (session; the header is a
+parameter). Pickers: max-score-picker (the weighted policy), round-robin-picker, random-picker,
+least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoscaler.validation import check
+from autoscaler.yamlfile import Document, document, parse
+from simulator.flow import Band
+from simulator.scenario_schema import mapping
+
+SCORER_TYPES = {
+    "queue-scorer": "queue",
+    "kv-cache-utilization-scorer": "kv",
+    "prefix-cache-scorer": "prefix",
+    "active-request-scorer": "load",
+    "running-requests-scorer": "running",
+    "session-affinity-scorer": "session",
+}
+PICKER_TYPES = {
+    "max-score-picker": "weighted",
+    "round-robin-picker": "round_robin",
+    "random-picker": "random",
+    "least-outstanding-picker": "least_outstanding",
+    "prefix-affinity-picker": "prefix_affinity",
+}
+API_VERSIONS = ("llm-d.ai/v1", "llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
+DURATION = {"type": ["number", "string"], "x-message": "must be seconds or a duration such as 100ms, 5s, 2m"}
+PARAMS = {"type": "object"}
+NUM = {"type": "number", "minimum": 0}
+
+ROUTER_SCHEMA = mapping(
+    {
+        "apiVersion": {"enum": list(API_VERSIONS)},
+        "kind": {"const": "EndpointPickerConfig"},
+        "featureGates": {"type": "array", "items": {"type": "string"}},
+        "plugins": {"type": "array", "items": mapping(
+            {"name": {"type": "string"}, "type": {"enum": [*SCORER_TYPES, *PICKER_TYPES]},
+             "parameters": PARAMS}, ("type",))},
+        "schedulingProfiles": {"type": "array", "maxItems": 1, "items": mapping(
+            {"name": {"type": "string"}, "plugins": {"type": "array", "items": mapping(
+                {"pluginRef": {"type": "string"}, "weight": NUM}, ("pluginRef",))}}, ("name",))},
+        "saturationDetector": mapping({"queueDepthThreshold": {"type": "integer", "minimum": 1},
+                                       "kvCacheUtilThreshold": {"type": "number", "exclusiveMinimum": 0,
+                                                                "maximum": 1}}),
+        "flowControl": mapping({
+            "defaultPriority": {"type": "integer"},
+            "defaultRequestTTL": DURATION,
+            "priorityBands": {"type": "array", "minItems": 1, "items": mapping(
+                {"priority": {"type": "integer"}, "name": {"type": "string"},
+                 "maxRequests": {"type": "integer", "minimum": 0}, "ttl": DURATION}, ("priority",))},
+            "objectives": {"type": "object", "additionalProperties": {"type": "integer"}},
+        }),
+        "dataLayer": mapping({"refreshInterval": DURATION, "healthCheckInterval": DURATION,
+                              "scrapeTimeout": DURATION, "ejectAfter": {"type": "integer", "minimum": 1},
+                              "connectTimeout": DURATION, "maxRetries": {"type": "integer", "minimum": 0}}),
+    },
+    ("kind",),
+)
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+
+
+def seconds(value: float | str) -> float:
+    """100ms, 5s, 2m, 1h or a plain number of seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _DURATION_RE.match(value)
+    if not m:
+        raise ValueError(f"not a duration: {value!r}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+
+
+@dataclass
+class RouterConfig:
+    policy: str = "weighted"
+    weights: dict[str, float] = field(default_factory=lambda: {"queue": 1.0, "kv": 1.0, "prefix": 2.0})
+    seed: int = 0
+    block_size: int | None = None  # prefix blocks: tokens with a tokenizer, else characters
+    lru_blocks: int = 31_250  # prefix blocks remembered per endpoint
+    tokenizer: str | None = None  # "byte" (the engine's byte tokenizer) or a tokenizer.json path
+    bos_token_id: int = 256
+    session_header: str = "x-session-id"
+    flow_control: bool = False  # off: one band, and only an empty pool holds requests
+    queue_threshold: int = 5
+    kv_threshold: float = 0.8
+    bands: list[Band] = field(default_factory=lambda: [Band(0, capacity=10_000, ttl=60.0)])
+    default_priority: int = 0
+    objectives: dict[str, int] = field(default_factory=dict)
+    refresh_interval: float = 0.1
+    health_interval: float = 1.0
+    scrape_timeout: float = 1.0
+    connect_timeout: float = 2.0
+    eject_after: int = 1  # consecutive failures (refused, 503, failed scrape) before an endpoint is ejected
+    max_retries: int = 2  # other endpoints tried before the first byte
+    source: str = "ROUTER"
+
+    def prefix_block(self) -> int:
+        return self.block_size or (16 if self.tokenizer else 64)
+
+
+def load_router_config(source: str | Path | dict | Document | None) -> RouterConfig:
+    """A RouterConfig from a file path, a mapping or a Document (None: the defaults). ValueError
+    names file, line and field; FileNotFoundError for a missing file."""
+    if source is None:
+        return RouterConfig()
+    if isinstance(source, (dict, Document)):
+        doc = document(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"router config not found: {path}")
+        doc = parse(path.read_text(), str(path))
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a router config must be a mapping (kind: EndpointPickerConfig, plugins, ...)")
+    check(ROUTER_SCHEMA, doc)
+    d = doc.data
+    cfg = RouterConfig(source=doc.name or "ROUTER")
+    plugins: dict[str, dict] = {}
+    for i, p in enumerate(d.get("plugins", [])):
+        name = p.get("name", p["type"])
+        if name in plugins:
+            raise doc.error(("plugins", i, "name"), f"duplicate plugin name {name!r}")
+        plugins[name] = {**p, "at": i}
+    profiles = d.get("schedulingProfiles")
+    refs = profiles[0].get("plugins", []) if profiles else [{"pluginRef": n} for n in plugins]
+    if plugins or profiles:
+        cfg.weights, cfg.policy = {}, "weighted"
+    pickers = []
+    for j, ref in enumerate(refs):
+        p = plugins.get(ref["pluginRef"])
+        if p is None:
+            raise doc.error(("schedulingProfiles", 0, "plugins", j, "pluginRef"),
+                            f"no plugin named {ref['pluginRef']!r} in plugins")
+        params, where = p.get("parameters", {}), ("plugins", p["at"], "parameters")
+        if p["type"] in PICKER_TYPES:
+            pickers.append(p["type"])
+            cfg.policy = PICKER_TYPES[p["type"]]
+            cfg.seed = _int(doc, where, params, "seed", cfg.seed)
+            continue
+        cfg.weights[SCORER_TYPES[p["type"]]] = float(ref.get("weight", 1))
+        if p["type"] == "prefix-cache-scorer":
+            _prefix_params(doc, where, params, cfg)
+        elif p["type"] == "session-affinity-scorer":
+            cfg.session_header = str(params.get("header", cfg.session_header)).lower()
+    if len(pickers) > 1:
+        raise doc.error(("schedulingProfiles", 0, "plugins"), f"one picker at most, got {', '.join(pickers)}")
+    if cfg.policy == "prefix_affinity":  # its prefix index is on without a scorer weight
+        prefix = next((p for p in plugins.values() if p["type"] == "prefix-cache-scorer"), None)
+        if prefix is not None:
+            _prefix_params(doc, ("plugins", prefix["at"], "parameters"), prefix.get("parameters", {}), cfg)
+    sat = d.get("saturationDetector", {})
+    cfg.queue_threshold = int(sat.get("queueDepthThreshold", cfg.queue_threshold))
+    cfg.kv_threshold = float(sat.get("kvCacheUtilThreshold", cfg.kv_threshold))
+    if "flowControl" in d:
+        _flow_control(doc, cfg)
+    for key, attr in (("refreshInterval", "refresh_interval"), ("healthCheckInterval", "health_interval"),
+                      ("scrapeTimeout", "scrape_timeout"), ("connectTimeout", "connect_timeout")):
+        if key in d.get("dataLayer", {}):
+            setattr(cfg, attr, _duration(doc, ("dataLayer", key), d["dataLayer"][key]))
+    for key, attr in (("ejectAfter", "eject_after"), ("maxRetries", "max_retries")):
+        if key in d.get("dataLayer", {}):
+            setattr(cfg, attr, int(d["dataLayer"][key]))
+    return cfg
+
+
+def _int(doc: Document, where: tuple, params: dict, key: str, default: int) -> int:
+    value = params.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise doc.error((*where, key), f"must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _prefix_params(doc: Document, where: tuple, params: dict, cfg: RouterConfig) -> None:
+    unknown = set(params) - {"blockSize", "lruCapacityPerServer", "tokenizer", "bosTokenId"}
+    if unknown:
+        raise doc.error((*where, sorted(unknown)[0]), "unknown parameter (blockSize, lruCapacityPerServer, "
+                                                      "tokenizer, bosTokenId)")
+    if "blockSize" in params:
+        cfg.block_size = _int(doc, where, params, "blockSize", 0) or None
+    cfg.lru_blocks = _int(doc, where, params, "lruCapacityPerServer", cfg.lru_blocks)
+    cfg.bos_token_id = _int(doc, where, params, "bosTokenId", cfg.bos_token_id)
+    tok = params.get("tokenizer")
+    if tok is not None:
+        if not isinstance(tok, str):
+            raise doc.error((*where, "tokenizer"), "must be 'byte' or a tokenizer.json path")
+        if tok != "byte":
+            path = Path(tok) if Path(tok).is_absolute() or not doc.name else Path(doc.name).parent / tok
+            if not path.is_file():
+                raise doc.error((*where, "tokenizer"), f"no such tokenizer file: {path}")
+            tok = str(path)
+        cfg.tokenizer = tok
+
+
+def _duration(doc: Document, path: tuple, value) -> float:
+    try:
+        s = seconds(value)
+    except ValueError as exc:
+        raise doc.error(path, str(exc)) from None
+    if s <= 0:
+        raise doc.error(path, f"must be > 0, got {value!r}")
+    return s
+
+
+def _flow_control(doc: Document, cfg: RouterConfig) -> None:
+    f = doc.data["flowControl"]
+    cfg.flow_control = True
+    ttl = _duration(doc, ("flowControl", "defaultRequestTTL"), f["defaultRequestTTL"]) \
+        if "defaultRequestTTL" in f else 60.0
+    bands = []
+    for i, b in enumerate(f.get("priorityBands", [{"priority": 0}])):
+        band_ttl = _duration(doc, ("flowControl", "priorityBands", i, "ttl"), b["ttl"]) if "ttl" in b else ttl
+        bands.append(Band(int(b["priority"]), int(b.get("maxRequests", 1000)), band_ttl, b.get("name", "")))
+    if len({b.priority for b in bands}) != len(bands):
+        raise doc.error(("flowControl", "priorityBands"), "priorities must be distinct")
+    cfg.bands = bands
+    cfg.default_priority = int(f.get("defaultPriority", 0))
+    cfg.objectives = {str(k): int(v) for k, v in f.get("objectives", {}).items()}

@@ -1,0 +1,86 @@
+"""The router's view of each endpoint: scraped gauges plus its own in-flight count, health and ejection.
+
+Gauges come from the endpoint's /metrics page (vLLM, SGLang or our engine; names from
+controlplane.sources.names). Only the few gauge lines are read: the full text parser costs tens of
+milliseconds a page, too much ten times a second. Between scrapes the router's own counts carry the
+estimate: requests sent since the last scrape add to its waiting queue, requests finished since
+take from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from controlplane.sources.names import NAMES
+
+GAUGES = {agg: tuple(n for names in NAMES[agg][1].values() for n in names)
+          for agg in ("num_waiting", "num_running", "kv_usage")}
+_WANTED = {name: agg for agg, names in GAUGES.items() for name in names}
+
+
+def read_gauges(text: str) -> tuple[dict[str, float], set[str]]:
+    """{num_waiting, num_running, kv_usage} from a text-format /metrics page (summed over the page's
+    series; KV usage averaged), and the model names its gauge series carry."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    models: set[str] = set()
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        name = line[:brace] if 0 < brace < space or (brace > 0 and space < 0) else line[:space]
+        agg = _WANTED.get(name)
+        if agg is None:
+            continue
+        close = line.rfind("}")
+        parts = line[close + 1:].split() if close > 0 else line[space:].split()
+        try:
+            value = float(parts[0])
+        except (IndexError, ValueError):
+            continue
+        if math.isnan(value):
+            continue
+        sums[agg] = sums.get(agg, 0.0) + value
+        counts[agg] = counts.get(agg, 0) + 1
+        at = line.find('model_name="', brace) if close > 0 else -1
+        if at > 0:
+            models.add(line[at + 12:line.index('"', at + 12)])
+    if "kv_usage" in sums:
+        sums["kv_usage"] /= counts["kv_usage"]
+    return sums, models
+
+
+@dataclass
+class Endpoint:
+    """One engine behind the router (a ReplicaView for the shared scorers)."""
+
+    url: str
+    id: int
+    healthy: bool = True  # False while ejected
+    draining: bool = False  # removed by discovery: finishes what it has, gets nothing new
+    num_running: int = 0
+    kv_usage: float = 0.0
+    outstanding: int = 0  # requests this router sent it that have not finished
+    in_flight_tokens: int = 0
+    scraped_waiting: int = 0
+    outstanding_at_scrape: int = 0
+    scraped_at: float = -math.inf
+    failures: int = 0  # consecutive failed requests or scrapes
+    models: set[str] = field(default_factory=set)
+    served: int = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """The engine's waiting queue: the last scrape's, moved by what this router sent or saw
+        finish since."""
+        return max(0, self.scraped_waiting + self.outstanding - self.outstanding_at_scrape)
+
+    def scraped(self, gauges: dict[str, float], models: set[str], outstanding_then: int, now: float) -> None:
+        self.scraped_waiting = int(gauges.get("num_waiting", 0))
+        self.num_running = int(gauges.get("num_running", 0))
+        self.kv_usage = float(gauges.get("kv_usage", 0.0))
+        self.outstanding_at_scrape = outstanding_then
+        self.scraped_at = now
+        self.models = models or self.models

@@ -1,0 +1,155 @@
+"""Admission at the gateway: the shared flow control (simulator.flow) and picker (simulator.router)
+on the live pool, in the event loop.
+
+A request is offered to its priority band (full: 429), then waits for `pump` to dispatch it: the
+highest band first, to an endpoint with room by the saturation detector, chosen by filter-score-pick.
+Without flowControl in the config the detector never calls an endpoint saturated, so requests wait
+only while there is no endpoint at all (scaled to zero), up to their band's TTL (then 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.router.config import RouterConfig
+from controlplane.router.endpoints import Endpoint
+from controlplane.router.metrics import RouterMetrics
+from controlplane.router.pool import Pool
+from simulator.flow import GatewayQueue, Held, SaturationDetector, pump
+from simulator.router import Router
+
+UNGATED = SaturationDetector(queue_threshold=2**31 - 1, kv_threshold=1.0)
+
+
+class Refused(Exception):
+    """The gateway answers this request itself (429 band full, 503 past its TTL or no endpoint)."""
+
+    def __init__(self, status: int, message: str, kind: str):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+@dataclass
+class Pending:
+    hashes: list[int]
+    tokens: int
+    session: str | None
+    priority: int
+    model: str
+    arrived: float
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    endpoint: Endpoint | None = None
+
+
+class Gate:
+    def __init__(self, cfg: RouterConfig, pool: Pool, metrics: RouterMetrics,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg, self.pool, self.metrics, self.clock = cfg, pool, metrics, clock
+        self.router = Router(cfg.policy, cfg.weights, cfg.seed, cfg.lru_blocks, cfg.prefix_block(),
+                             kv_threshold=cfg.kv_threshold, queue_threshold=cfg.queue_threshold,
+                             ties="random")
+        self.queue = GatewayQueue(cfg.bands)
+        self.detector = SaturationDetector(cfg.queue_threshold, cfg.kv_threshold) if cfg.flow_control \
+            else UNGATED
+        pool.on_change = self.pump
+        for b in self.queue.bands:
+            metrics.queue_size.labels(b.label, metrics.pool).set(0)
+
+    def priority(self, objective: str | None, model: str, explicit: str | None) -> int:
+        """The priority header's, else the objective header's, else the model's objective's, else the
+        default."""
+        if explicit is not None:
+            try:
+                return int(explicit)
+            except ValueError:
+                band = next((b for b in self.queue.bands if b.name == explicit), None)
+                if band is None:
+                    raise Refused(400, f"unknown priority {explicit!r}", "BadRequestError") from None
+                return band.priority
+        objectives = self.cfg.objectives
+        if objective is not None and objective in objectives:
+            return objectives[objective]
+        return objectives.get(model, self.cfg.default_priority)
+
+    async def acquire(self, p: Pending) -> Endpoint:
+        held = self.queue.offer(p, p.priority, self.clock())
+        label = self.queue.band_for(p.priority).label
+        if held is None:
+            self._outcome(label, "RejectedCapacity", p)
+            raise Refused(429, f"the gateway queue of priority band {label!r} is full", "RateLimitError")
+        self._sizes()
+        self.pump()
+        try:
+            return await p.future
+        except asyncio.CancelledError:  # the client went away while waiting (or just as it was sent)
+            self.queue.cancel(held)
+            if p.future.done() and not p.future.cancelled() and p.future.exception() is None:
+                self.release(p)
+            else:
+                self._outcome(label, "EvictedContextCancelled", p)
+            self._sizes()
+            raise
+
+    def pump(self) -> None:
+        expired = pump(self.queue, self.detector, self.pool.routable(), self._dispatch, self.clock())
+        for held in expired:
+            p = held.item
+            none = not self.pool.routable()
+            self._outcome(held.band.label, "EvictedNoEndpoints" if none else "EvictedTTL", p)
+            why = "no endpoint became ready" if none else "every endpoint stayed saturated"
+            if not p.future.done():
+                p.future.set_exception(Refused(503, f"the request waited {held.band.ttl:g}s in the gateway "
+                                                    f"queue (its TTL) and {why}", "ServiceUnavailableError"))
+        self._sizes()
+        self.metrics.saturation.labels(self.metrics.pool, "effective").set(
+            self.detector.saturation(self.pool.routable()))
+
+    def _dispatch(self, held: Held, room: list[Endpoint]) -> None:
+        p = held.item
+        if p.future.done():  # cancelled meanwhile
+            return
+        ep = self.pick(p, room)
+        self._outcome(held.band.label, "Dispatched", p)
+        p.future.set_result(ep)
+
+    def pick(self, p: Pending, candidates: list[Endpoint]) -> Endpoint:
+        t0 = time.perf_counter()
+        ep = candidates[self.router.pick(candidates, hashes=p.hashes, session=p.session)]
+        self.metrics.pick_seconds.observe(time.perf_counter() - t0)
+        self.take(ep, p)
+        return ep
+
+    def retry_target(self, p: Pending, tried: set[str]) -> Endpoint | None:
+        """Another endpoint for a request that failed before its first byte (None: none left)."""
+        self.release(p, pump=False)
+        others = [e for e in self.pool.routable() if e.url not in tried]
+        return self.pick(p, others) if others else None
+
+    def take(self, ep: Endpoint, p: Pending) -> None:
+        p.endpoint = ep
+        ep.outstanding += 1
+        ep.in_flight_tokens += p.tokens
+        ep.served += 1
+
+    def release(self, p: Pending, pump: bool = True) -> None:
+        ep, p.endpoint = p.endpoint, None
+        if ep is None:
+            return
+        ep.outstanding -= 1
+        ep.in_flight_tokens -= p.tokens
+        if ep.draining and ep.outstanding == 0:
+            self.pool.sync([u for u, e in self.pool.endpoints.items() if not e.draining])
+        if pump:
+            self.pump()
+
+    def _outcome(self, band: str, outcome: str, p: Pending) -> None:
+        m = self.metrics
+        m.flow_requests.labels(outcome, band, m.pool).inc()
+        m.queue_duration.labels(band, outcome, m.pool).observe(max(0.0, self.clock() - p.arrived))
+
+    def _sizes(self) -> None:
+        for label, n in self.queue.sizes().items():
+            self.metrics.queue_size.labels(label, self.metrics.pool).set(n)

@@ -1,0 +1,137 @@
+"""The endpoints behind the router: discovery, metrics refresh, passive ejection, active health checks.
+
+Every refresh (100 ms by default) reads the discovered URLs (a new one joins at once; a vanished one
+drains: it finishes what it has and gets nothing new) and scrapes each live endpoint's /metrics. A
+refused connection ejects an endpoint at once; other failures (a 5xx, a timeout, a failed scrape)
+eject it after `eject_after` in a row. Ejected endpoints get a GET /health every health interval and
+come back on a 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from controlplane.router.config import RouterConfig
+from controlplane.router.endpoints import Endpoint, read_gauges
+from controlplane.router.metrics import RouterMetrics
+from simulator.scorers import routable
+
+log = logging.getLogger("slopilot.router")
+
+
+def base_url(url: str) -> str:
+    url = url if "://" in url else "http://" + url
+    return url.rstrip("/")
+
+
+class Pool:
+    def __init__(self, cfg: RouterConfig, discover: Callable[[], list[str]], metrics: RouterMetrics,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg, self.discover, self.metrics, self.clock = cfg, discover, metrics, clock
+        self.endpoints: dict[str, Endpoint] = {}
+        self._next_id = 0
+        self.on_change: Callable[[], None] = lambda: None  # the gate's pump: capacity may have freed
+
+    # -- membership ------------------------------------------------------------------------------
+    def sync(self, urls: list[str]) -> None:
+        current = {base_url(u) for u in urls}
+        for url in current:
+            ep = self.endpoints.get(url)
+            if ep is None:
+                self.endpoints[url] = Endpoint(url, self._next_id)
+                self._next_id += 1
+                self.metrics.healthy.labels(url).set(1)
+                log.info("endpoint %s joined", url)
+            elif ep.draining:
+                ep.draining = False
+        for url, ep in list(self.endpoints.items()):
+            if url not in current:
+                ep.draining = True
+                if ep.outstanding == 0:
+                    del self.endpoints[url]
+                    self.metrics.forget(url)
+                    log.info("endpoint %s left", url)
+
+    def routable(self) -> list[Endpoint]:
+        return routable(list(self.endpoints.values()))
+
+    # -- failures --------------------------------------------------------------------------------
+    def failed(self, ep: Endpoint, why: str, refused: bool = False) -> None:
+        ep.failures += 1
+        if ep.healthy and (refused or ep.failures >= self.cfg.eject_after):
+            ep.healthy = False
+            self.metrics.ejections.labels(ep.url).inc()
+            self.metrics.healthy.labels(ep.url).set(0)
+            log.warning("endpoint %s ejected: %s", ep.url, why)
+
+    def succeeded(self, ep: Endpoint) -> None:
+        ep.failures = 0
+
+    def readmit(self, ep: Endpoint) -> None:
+        ep.healthy, ep.failures = True, 0
+        self.metrics.healthy.labels(ep.url).set(1)
+        log.info("endpoint %s readmitted", ep.url)
+
+    # -- the loops -------------------------------------------------------------------------------
+    async def scrape(self, client: httpx.AsyncClient, ep: Endpoint) -> None:
+        then, t = ep.outstanding, self.clock()
+        try:
+            r = await client.get(ep.url + "/metrics", timeout=self.cfg.scrape_timeout)
+            r.raise_for_status()
+        except httpx.ConnectError as exc:
+            self.failed(ep, f"scrape: {exc!r}", refused=True)
+            return
+        except httpx.HTTPError as exc:
+            self.failed(ep, f"scrape: {exc!r}")
+            return
+        gauges, models = read_gauges(r.text)
+        ep.scraped(gauges, models, then, t)
+
+    async def refresh(self, client: httpx.AsyncClient) -> None:
+        """One round: discovery, then a scrape of every endpoint that is not ejected."""
+        try:
+            self.sync(self.discover())  # must not block: a static list, a fleet's, or a cache
+        except Exception as exc:  # a failing discovery keeps the last known endpoints
+            log.warning("endpoint discovery failed: %r", exc)
+        live = [ep for ep in self.endpoints.values() if ep.healthy]
+        if live:
+            await asyncio.gather(*(self.scrape(client, ep) for ep in live))
+        self.publish()
+        self.on_change()
+
+    async def check_health(self, client: httpx.AsyncClient) -> None:
+        for ep in [e for e in self.endpoints.values() if not e.healthy]:
+            try:
+                r = await client.get(ep.url + "/health", timeout=self.cfg.scrape_timeout)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                self.readmit(ep)
+                await self.scrape(client, ep)
+                self.on_change()
+
+    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        next_health = self.clock()
+        while not stop.is_set():
+            t0 = self.clock()
+            await self.refresh(client)
+            if self.clock() >= next_health:
+                next_health = self.clock() + self.cfg.health_interval
+                await self.check_health(client)
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.0, self.cfg.refresh_interval - (self.clock() - t0)))
+            except asyncio.TimeoutError:
+                pass
+
+    def publish(self) -> None:
+        m, pool = self.metrics, self.metrics.pool
+        m.ready.labels(pool).set(len(self.routable()))
+        for ep in self.endpoints.values():
+            m.endpoint_queue.labels(pool, ep.url).set(ep.num_waiting)
+            m.inflight.labels(ep.url).set(ep.outstanding)
+            m.inflight_tokens.labels(ep.url).set(ep.in_flight_tokens)

@@ -1,0 +1,58 @@
+"""`slopilot route`: the LLM-aware router in front of engine endpoints.
+
+    slopilot route --endpoint http://127.0.0.1:8001 --endpoint http://127.0.0.1:8002 -c examples/router.yaml
+    slopilot route --targets out/fleet/fleet/prometheus_targets.json     # a running `fleet up`'s replicas
+    slopilot route --k8s-service llama --namespace serving --k8s-port http
+
+OpenAI /v1/completions and /v1/chat/completions (streams passed through), /v1/models, /health,
+/metrics (llm-d's router metric names). See controlplane/router/config.py for ROUTER.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run the LLM-aware router (OpenAI proxy, filter-score-pick, gateway queue) in front of engines"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    p.add_argument("--endpoint", action="append", default=[], metavar="URL",
+                   help="an engine's base URL (repeat for more)")
+    p.add_argument("--targets", metavar="FILE_SD.json",
+                   help="follow a Prometheus file_sd target file (e.g. what `fleet up` writes)")
+    p.add_argument("--k8s-service", metavar="NAME", help="follow a Kubernetes Service's EndpointSlices")
+    p.add_argument("--namespace", default="default", help="the Service's namespace")
+    p.add_argument("--k8s-port", default=None, help="the port name or number on the EndpointSlices")
+    p.add_argument("--config", "-c", metavar="ROUTER.yaml",
+                   help="an EndpointPickerConfig (default: queue, kv, prefix scorers; no flow control)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: pass the "
+                                                   "client's header on to the engines)")
+    p.add_argument("--upstream-api-key", default=None, help="the key to send to the engines instead")
+    p.add_argument("--pool-name", default="default", help="the inference_pool label of the metrics")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from controlplane.router import discovery
+    from controlplane.router.app import build_router_app
+    from controlplane.router.config import load_router_config
+
+    sources = [bool(args.endpoint), bool(args.targets), bool(args.k8s_service)]
+    if sum(sources) != 1:
+        raise ValueError("give exactly one of --endpoint (repeatable), --targets or --k8s-service")
+    cfg = load_router_config(args.config)
+    if args.endpoint:
+        discover = discovery.static(args.endpoint)
+    elif args.targets:
+        discover = discovery.file_sd(args.targets)
+    else:
+        discover = discovery.KubernetesEndpoints(args.k8s_service, args.namespace, args.k8s_port)
+    app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,
+                           pool_name=args.pool_name)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
