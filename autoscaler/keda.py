@@ -156,8 +156,10 @@ class KedaPolicy(Policy):
         else:
             active = any(values[t.name] > t.activation_threshold for t in cfg.triggers if t.name in values)
             is_error = bool(errors)
-        shown = sorted(n for n in errors if n != FORMULA) + ([errors[FORMULA]] if FORMULA in errors else [])
-        err_note = f" (errors: {', '.join(shown)})" if errors else ""
+        err_note = ""
+        if errors:
+            shown = sorted(n for n in errors if n != FORMULA) + [errors[n] for n in errors if n == FORMULA]
+            err_note = f" (errors: {', '.join(shown)})"
 
         if cfg.activation:
             step = self._keda_step(now, current, active, is_error)
