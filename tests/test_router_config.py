@@ -1,0 +1,106 @@
+"""ROUTER.yaml (EndpointPickerConfig-shaped), the gauge reader and the prompt reader of the router."""
+
+from pathlib import Path
+
+import pytest
+
+from controlplane.router.config import RouterConfig, load_router_config, seconds
+from controlplane.router.endpoints import Endpoint, read_gauges
+from controlplane.router.prompt import ByteTokenizer, PromptReader, chat_text, request_prompt
+from simulator.prefix import prefix_hashes
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_examples_load():
+    cfg = load_router_config(EXAMPLES / "router.yaml")
+    assert cfg.policy == "weighted" and cfg.weights == {"queue": 1.0, "kv": 1.0, "prefix": 2.0}
+    assert cfg.tokenizer == "byte" and cfg.prefix_block() == 16 and not cfg.flow_control
+    flow = load_router_config(EXAMPLES / "router_flow.yaml")
+    assert flow.flow_control and [b.label for b in flow.bands] == ["high", "low"]
+    assert [(b.capacity, b.ttl) for b in flow.bands] == [(200, 30.0), (400, 120.0)]
+    assert (flow.queue_threshold, flow.kv_threshold, flow.objectives["interactive"]) == (4, 0.9, 10)
+
+
+def test_defaults_without_a_file():
+    cfg = load_router_config(None)
+    assert cfg == RouterConfig() and cfg.prefix_block() == 64 and cfg.refresh_interval <= 0.1
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"kind": "EndpointPickerConfig", "plugins": [{"type": "nope-scorer"}]}, "plugins[0].type"),
+    ({"kind": "EndpointPickerConfig", "plugins": [{"type": "queue-scorer"}],
+      "schedulingProfiles": [{"name": "d", "plugins": [{"pluginRef": "kv"}]}]}, "no plugin named 'kv'"),
+    ({"kind": "EndpointPickerConfig", "saturationDetector": {"queueDepthThreshold": 0}},
+     "saturationDetector.queueDepthThreshold"),
+    ({"kind": "EndpointPickerConfig", "flowControl": {"priorityBands": [{"priority": 1, "ttl": "soon"}]}},
+     "flowControl.priorityBands[0].ttl: not a duration"),
+    ({"kind": "EndpointPickerConfig", "flowControl": {"priorityBands": [{"priority": 1}, {"priority": 1}]}},
+     "priorities must be distinct"),
+    ({"kind": "EndpointPickerConfig", "plugins": [{"type": "max-score-picker"}, {"type": "random-picker"}]},
+     "one picker at most"),
+    ({"kind": "Deployment"}, "kind"),
+])
+def test_errors_name_the_field(doc, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_router_config(doc)
+
+
+def test_error_names_file_and_line(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("kind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n  parameters: 3\n")
+    with pytest.raises(ValueError, match=r"r.yaml:4: plugins\[0\].parameters"):
+        load_router_config(f)
+    with pytest.raises(FileNotFoundError):
+        load_router_config(tmp_path / "missing.yaml")
+
+
+def test_pickers_map_to_the_simulator_policies():
+    pairs = [("round-robin-picker", "round_robin"), ("prefix-affinity-picker", "prefix_affinity")]
+    for picker, policy in pairs:
+        cfg = load_router_config({"kind": "EndpointPickerConfig", "plugins": [{"type": picker}]})
+        assert cfg.policy == policy
+
+
+def test_durations():
+    assert [seconds(v) for v in ("100ms", "5s", "2m", 1.5, "3")] == [0.1, 5.0, 120.0, 1.5, 3.0]
+
+
+PAGE = """# HELP vllm:num_requests_running x
+vllm:num_requests_running{engine="0",model_name="m1"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m1"} 7.0
+vllm:num_requests_waiting{engine="1",model_name="m1"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m1"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m1"} 0.25
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m1"} 4.0
+"""
+
+
+def test_read_gauges_sums_queues_and_averages_kv():
+    gauges, models = read_gauges(PAGE)
+    assert gauges == {"num_running": 3.0, "num_waiting": 8.0, "kv_usage": 0.375} and models == {"m1"}
+    sglang, _ = read_gauges("sglang:num_queue_reqs 2\nsglang:token_usage 0.5\nsglang:num_running_reqs 4\n")
+    assert sglang == {"num_waiting": 2.0, "kv_usage": 0.5, "num_running": 4.0}
+
+
+def test_own_counts_move_the_waiting_estimate_between_scrapes():
+    ep = Endpoint("http://e", 0)
+    ep.outstanding = 5
+    ep.scraped({"num_waiting": 2, "num_running": 3}, set(), outstanding_then=5, now=0.0)
+    assert ep.num_waiting == 2
+    ep.outstanding += 3  # sent since the scrape
+    assert ep.num_waiting == 5
+    ep.outstanding -= 8  # all finished
+    assert ep.num_waiting == 0
+
+
+def test_prompt_hashes_are_the_engines_block_hashes():
+    text = "The same long system prompt. " * 8
+    ids = ByteTokenizer(256).encode(text)
+    hashes, n = PromptReader(ByteTokenizer(256), 16).read(text)
+    assert n == len(ids) and hashes == prefix_hashes(ids, 16) and len(hashes) == len(ids) // 16
+    chars, n_est = PromptReader(None, 64).read(text)
+    assert len(chars) == len(text) // 64 and n_est > 0
+    assert request_prompt({"prompt": [text]}, chat=False) == text
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert request_prompt({"messages": msgs}, chat=True) == chat_text(msgs) == "<|user|>\nhi\n<|assistant|>\n"
