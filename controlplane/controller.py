@@ -77,7 +77,7 @@ class AutoscalerLoop:
         if starting is not None:
             obs.starting_replicas = starting()
         step = reconcile(self.policy, obs, self.target)
-        self.pending = None if step.applied else Pending(step.desired, step.decision.reason)
+        self.pending = None if step.applied else self._failed(step)
         self.last_obs, self.last_step = obs, step
         self._save(now, step.desired if step.applied else current)
         if self.log is not None:
@@ -107,6 +107,13 @@ class AutoscalerLoop:
         if self.state is not None:
             record = {"time": now, "policy": self.policy.state_dict(), "replicas": replicas}
             self.state.save(self.name, record)
+
+    def _failed(self, step: Step) -> Pending:
+        """The scale to retry; the same count failing again keeps backing off (a fleet's bound, a
+        broken command: each tick would otherwise start the backoff over)."""
+        p = self.pending
+        attempt = p.attempt + 1 if p is not None and p.desired == step.desired else 1
+        return Pending(step.desired, step.decision.reason, attempt)
 
     def retry_delay(self) -> float:
         return min(RETRY_FIRST * 2 ** (self.pending.attempt - 1), RETRY_MAX)

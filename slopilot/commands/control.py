@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tgt.add_argument("--dry-run", action="store_true",
                      help="apply nothing (the default without --scale-command)")
     p.add_argument("--initial-replicas", type=int, default=None,
-                   help="replicas the target holds at start (default: the spec's minimum)")
+                   help="replicas the target holds at start (default: the count saved in --state-dir, "
+                        "else the spec's minimum)")
     p.add_argument("--state-dir", help="save each policy's state here after every decision, resume from it")
     p.add_argument("--decision-log", metavar="FILE",
                    help="append a replayable CSV row per reconcile ({name} in the path for several specs)")
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from controlplane.assemble import build_loops, source_for
     from controlplane.controller import Controller
     from controlplane.logs import setup_logging
+    from controlplane.state import StateStore
     from controlplane.targets import MemoryTarget
     from controlplane.targets.command import CommandTarget
     from controlplane.telemetry import Telemetry
@@ -69,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
 
         model = load_latency_model(args.latency_model)
 
+    saved = StateStore(args.state_dir) if args.state_dir else None
+
     def target_for(spec):
         start = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
+        record = saved.load(spec.name) if saved is not None and args.initial_replicas is None else None
+        if record is not None and "replicas" in record:  # a restart: the count it left the target at
+            start = int(record["replicas"])
         if args.scale_command:
             return CommandTarget(args.scale_command, spec.name, spec.target, start)
         return MemoryTarget(start, name=spec.name)
