@@ -21,6 +21,7 @@ from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, dotted, parse
 from simulator.dists import Dist
 from simulator.router import Router
+from simulator.scenario_limits import MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
 from simulator.scenario_workload import workload_config
 
@@ -128,7 +129,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
     if len(set(names)) != len(names):
         raise doc.error(("pools",), f"pool names must be unique, got {names}")
     sections = {k: d.get(k, {}) for k in ("metrics", "output", "drain")}
-    return Scenario(
+    sc = Scenario(
         workload=workload,
         pools=pools,
         duration=float(d["duration"]) if "duration" in d else None,
@@ -142,6 +143,10 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         **_given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),
         **_given(sections["drain"], {"enabled": ("drain_after_end", bool), "max": ("max_drain", float)}),
     )
+    span = (sc.duration or 0.0) + (sc.max_drain if sc.drain_after_end else 0.0)
+    check_limits(doc, workload, sc.duration, span, pools, sc.scrape_interval, sc.rate_window,
+                 sc.timeline_interval)
+    return sc
 
 
 POOL_FIELDS = {
@@ -191,9 +196,12 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     if pool.kv_blocks is None and pool.kv_memory is None:
         pool.kv_blocks = 1 + pool.max_model_len // pool.block_size * 8  # room for a few full-length requests
     try:
-        pool.num_kv_blocks()
+        blocks = pool.num_kv_blocks()
     except ValueError:
         raise doc.error(("kv_memory",), "leaves no room for the KV cache") from None
+    if blocks > MAX_KV_BLOCKS:
+        key = "kv_memory" if pool.kv_memory is not None else "max_model_len"
+        raise doc.error((key,), f"gives {blocks} KV blocks a replica, more than the limit of {MAX_KV_BLOCKS}")
     return pool
 
 
@@ -202,6 +210,19 @@ SCHEDULE_POLLING = inspect.signature(SchedulePolicy).parameters["polling_interva
 
 def _autoscaler(doc: Document, base: Path) -> dict:
     """The pool's autoscaler entry: fixed, a schedule, or a policy spec (a file or inline)."""
+    entry = _autoscaler_entry(doc, base)
+    if entry["kind"] == "spec":
+        spec = entry["spec"]
+        if spec.max_replicas > MAX_REPLICAS:
+            raise doc.error((), f"the spec's maximum of {spec.max_replicas} replicas is more than the limit "
+                            f"of {MAX_REPLICAS}")
+        if spec.polling_interval < MIN_INTERVAL:
+            raise doc.error((), f"the spec's polling interval of {spec.polling_interval:g} s is less than "
+                            f"the limit of {MIN_INTERVAL} s")
+    return entry
+
+
+def _autoscaler_entry(doc: Document, base: Path) -> dict:
     a, where = doc.data, dotted(doc.prefix)
     if "apiVersion" in a or "kind" in a:  # a whole spec inline
         return {"kind": "spec", "spec": load_spec(doc), "latency_model": None, "where": where}

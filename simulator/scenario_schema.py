@@ -15,6 +15,24 @@ from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from simulator.dists import Dist, parse_dist
 from simulator.router import SCORERS
+from simulator.scenario_limits import (
+    MAX_BLOCK_SIZE,
+    MAX_CV,
+    MAX_DURATION,
+    MAX_KV_BLOCKS,
+    MAX_LRU_BLOCKS,
+    MAX_NUM_SEQS,
+    MAX_RATE,
+    MAX_RATE_SCALE,
+    MAX_REPLICAS,
+    MAX_REQUESTS,
+    MAX_SPIKE_FACTOR,
+    MAX_TOKENS,
+    MAX_WINDOW,
+    MIN_INTERVAL,
+    MIN_MTBF,
+    MIN_SCRAPE_INTERVAL,
+)
 
 ROUTERS = (
     "round_robin",
@@ -38,6 +56,24 @@ COUNT1 = {"type": "integer", "minimum": 1}
 DIST = {"type": ["number", "object"], "x-message": "must be a number or a mapping with a 'dist' key"}
 
 
+def at_most(schema: dict, limit: float) -> dict:
+    """The schema with an upper limit (simulator.scenario_limits)."""
+    return {**schema, "maximum": limit}
+
+
+def at_least(schema: dict, limit: float) -> dict:
+    """The schema with `limit` as its (inclusive) lower bound."""
+    rest = {k: v for k, v in schema.items() if k not in ("minimum", "exclusiveMinimum")}
+    return {**rest, "minimum": limit}
+
+
+SECONDS = at_most(POS, MAX_DURATION)
+AT = at_most(NONNEG, MAX_DURATION)  # a time within the run
+RATE = at_most(NONNEG, MAX_RATE)
+REPLICAS = at_most(COUNT0, MAX_REPLICAS)
+TOKENS = at_most(COUNT1, MAX_TOKENS)
+
+
 def mapping(properties: dict, required: tuple = (), **extra) -> dict:
     """An object with exactly these keys (`required` among them)."""
     out = {"type": "object", "additionalProperties": False, "properties": properties, **extra}
@@ -50,12 +86,12 @@ TRACE = mapping(
     {
         "format": {"enum": list(TRACE_FORMATS)},
         "path": STR,
-        "rate_scale": POS,
+        "rate_scale": at_most(POS, MAX_RATE_SCALE),
         "time_scale": POS,
         "time_unit": POS,
         "start": NONNEG,
-        "duration": POS,
-        "limit": COUNT1,
+        "duration": SECONDS,
+        "limit": at_most(COUNT1, MAX_REQUESTS),
         "time_column": STR,
         "prompt_column": STR,
         "output_column": STR,
@@ -65,9 +101,9 @@ TRACE = mapping(
 
 POINT = {  # a piecewise rate point: [time_s, rate] or {at, rate}
     "if": {"type": "array"},
-    "then": {"prefixItems": [NONNEG, NONNEG], "minItems": 2, "maxItems": 2},
+    "then": {"prefixItems": [AT, RATE], "minItems": 2, "maxItems": 2},
     "else": mapping(
-        {"at": NONNEG, "rate": NONNEG},
+        {"at": AT, "rate": RATE},
         ("at", "rate"),
         **{"x-message": "must be [time_s, rate] or {at, rate}"},
     ),
@@ -76,16 +112,19 @@ POINT = {  # a piecewise rate point: [time_s, rate] or {at, rate}
 ARRIVALS = mapping(
     {
         "process": {"enum": ["poisson", "gamma"]},
-        "cv": POS,
-        "rate": POS,
+        "cv": at_most(POS, MAX_CV),
+        "rate": at_most(POS, MAX_RATE),
         "diurnal": mapping(
-            {"mean": POS, "amplitude": {**NONNEG, "maximum": 1}, "period": POS, "phase": NONNEG}, ("mean",)
+            {"mean": at_most(POS, MAX_RATE), "amplitude": {**NONNEG, "maximum": 1}, "period": POS,
+             "phase": NONNEG},
+            ("mean",),
         ),
         "piecewise": {"type": "array", "minItems": 1, "items": POINT},
         "spikes": {
             "type": "array",
             "items": mapping(
-                {"at": NONNEG, "duration": POS, "factor": NONNEG, "ramp": NONNEG},
+                {"at": AT, "duration": SECONDS, "factor": at_most(NONNEG, MAX_SPIKE_FACTOR),
+                 "ramp": at_most(NONNEG, MAX_DURATION)},
                 ("at", "duration", "factor"),
             ),
         },
@@ -100,8 +139,8 @@ WORKLOAD = mapping(
         "prompt_tokens": DIST,
         "output_tokens": DIST,
         "lengths_from": TRACE,
-        "max_prompt_tokens": COUNT1,
-        "max_output_tokens": COUNT1,
+        "max_prompt_tokens": TOKENS,
+        "max_output_tokens": TOKENS,
     },
     **{"x-exactly-one": ["trace", "arrivals"]},
 )
@@ -112,15 +151,15 @@ AUTOSCALER = {  # the first of these keys present says which kind of autoscaler 
     "x-variants": {
         "apiVersion": {"type": "object"},  # a whole spec inline: autoscaler.schema checks it
         "kind": {"type": "object"},
-        "fixed": mapping({"fixed": COUNT0}),
+        "fixed": mapping({"fixed": REPLICAS}),
         "schedule": mapping(
             {
                 "schedule": {
                     "type": "array",
                     "minItems": 1,
-                    "items": mapping({"at": NONNEG, "replicas": COUNT0}, ("at", "replicas")),
+                    "items": mapping({"at": AT, "replicas": REPLICAS}, ("at", "replicas")),
                 },
-                "polling_interval": POS,
+                "polling_interval": at_least(SECONDS, MIN_INTERVAL),
             }
         ),
         "spec": mapping(
@@ -136,11 +175,11 @@ POOL = mapping(
     {
         "name": STR,
         "latency_model": STR,
-        "replicas": COUNT0,
-        "max_num_seqs": COUNT1,
-        "max_num_batched_tokens": COUNT1,
-        "max_model_len": COUNT1,
-        "kv_blocks": COUNT1,
+        "replicas": REPLICAS,
+        "max_num_seqs": at_most(COUNT1, MAX_NUM_SEQS),
+        "max_num_batched_tokens": TOKENS,
+        "max_model_len": TOKENS,
+        "kv_blocks": at_most(COUNT1, MAX_KV_BLOCKS),
         "kv_memory": mapping(
             {
                 "gpu_memory_gib": POS,
@@ -151,7 +190,7 @@ POOL = mapping(
             },
             ("gpu_memory_gib", "weights_gib", "kv_bytes_per_token"),
         ),
-        "block_size": COUNT1,
+        "block_size": at_most(COUNT1, MAX_BLOCK_SIZE),
         "prefix_caching": BOOL,
         "provisioning_delay": DIST,  # from a scale-up to the new replica serving
         "startup_delay": DIST,  # the older name of provisioning_delay
@@ -159,7 +198,8 @@ POOL = mapping(
         "step_overhead_ms": NONNEG,
         "wakeup_ms": NONNEG,
         "failure": mapping(
-            {"mtbf": POS, "repair": DIST, "on_failure": {"enum": ["retry", "drop"]}}, ("mtbf",)
+            {"mtbf": at_least(POS, MIN_MTBF), "repair": DIST, "on_failure": {"enum": ["retry", "drop"]}},
+            ("mtbf",),
         ),
         "autoscaler": AUTOSCALER,
     },
@@ -185,7 +225,7 @@ ROUTER = mapping(
     {
         "policy": {"enum": list(ROUTERS)},
         "weights": mapping({k: NONNEG for k in SCORERS}),
-        "prefix_lru_blocks": COUNT1,
+        "prefix_lru_blocks": at_most(COUNT1, MAX_LRU_BLOCKS),
         "kv_threshold": POS,
         "queue_threshold": COUNT0,
         "latency_ms": NONNEG,
@@ -196,15 +236,20 @@ SCENARIO = mapping(
     {
         "name": STR,
         "seed": COUNT0,
-        "duration": POS,
+        "duration": SECONDS,
         "workload": WORKLOAD,
         "pools": {"type": "array", "minItems": 1, "items": POOL},
         "router": ROUTER,
         "autoscaler": AUTOSCALER,  # for every pool that has none of its own
         "slo": mapping({name: SLO for name in SLO_NAMES}),
-        "metrics": mapping({"scrape_interval": POS, "rate_window": POS}),
-        "output": mapping({"timeline_interval": POS}),
-        "drain": mapping({"enabled": BOOL, "max": NONNEG}),
+        "metrics": mapping(
+            {
+                "scrape_interval": at_least(SECONDS, MIN_SCRAPE_INTERVAL),
+                "rate_window": at_most(POS, MAX_WINDOW),
+            }
+        ),
+        "output": mapping({"timeline_interval": at_least(SECONDS, MIN_INTERVAL)}),
+        "drain": mapping({"enabled": BOOL, "max": at_most(NONNEG, MAX_DURATION)}),
     },
     ("workload", "pools"),
 )
