@@ -4,6 +4,11 @@ Metrics come from Prometheus (`--prometheus`, else each trigger's serverAddress)
 engines' /metrics pages (`--scrape URL ...`). The scale goes to a command (`--scale-command`), or
 nowhere (`--dry-run`, the default: decisions are logged and taken as applied). SIGTERM or Ctrl-C
 finishes the reconciles under way and exits 0.
+
+`slopilot control --kube [--namespace NS]` runs in (or against) a cluster instead: the autoscalers are
+the InferenceAutoscaler resources (and ScaledObjects, only with --scaled-objects or the annotation
+slopilot.dev/managed: "true"), targets are scaled through their scale subresource, state and
+conditions live in the resources' status, and two replicas elect a leader on a Lease.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ HELP = "run autoscaler specs live against engines' metrics (Prometheus or a dire
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    p.add_argument("--spec", action="append", required=True, metavar="FILE_OR_DIR",
+    p.add_argument("--spec", action="append", metavar="FILE_OR_DIR",
                    help="ScaledObject / InferenceAutoscaler YAML (multi-document files, folders); repeatable")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prometheus", metavar="URL", help="Prometheus server for every trigger and aggregate")
@@ -41,6 +46,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each metric query")
     p.add_argument("--once", action="store_true", help="one reconcile per autoscaler, then exit")
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
+    k = p.add_argument_group("Kubernetes (--kube)")
+    k.add_argument("--kube", action="store_true",
+                   help="watch InferenceAutoscaler resources and scale targets through the scale subresource "
+                        "(in-cluster credentials, else KUBECONFIG / --kubeconfig)")
+    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (default: every one)")
+    k.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig to use instead of the in-cluster credentials")
+    k.add_argument("--scaled-objects", action="store_true",
+                   help="also run every KEDA ScaledObject (only without KEDA; one ScaledObject opts in with "
+                        "the annotation slopilot.dev/managed: \"true\")")
+    k.add_argument("--lease-namespace", metavar="NS",
+                   help="namespace of the leader-election Lease (default: the pod's own namespace)")
+    k.add_argument("--lease-name", default="slopilot-controller", help="name of the leader-election Lease")
+    k.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease")
+    k.add_argument("--lease-duration", type=float, default=15.0, help=argparse.SUPPRESS)
+    k.add_argument("--renew-deadline", type=float, default=10.0, help=argparse.SUPPRESS)
+    k.add_argument("--retry-period", type=float, default=2.0, help=argparse.SUPPRESS)
+    k.add_argument("--scrape-interval", type=float, default=15.0,
+                   help="seconds between scrapes of the target's pods (when no Prometheus is used)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -62,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     log = setup_logging(args.log_level, args.json_logs)
     if args.workers < 1:
         raise ValueError("--workers must be >= 1")
+    if args.kube:
+        return run_kube(args, log)
+    if not args.spec:
+        raise ValueError("give --spec FILE_OR_DIR (the autoscalers to run), or --kube to watch a cluster's")
     loaded = specs.load(args.spec)
     for w in loaded.warnings:
         log.warning(w)
@@ -102,6 +130,50 @@ def run(args: argparse.Namespace) -> int:
     names = ", ".join(f"{lp.name} every {lp.interval:g}s" for lp in loops)
     print(f"controlling {len(loops)} autoscaler(s): {names}", file=sys.stderr, flush=True)
     Controller(loops, workers=args.workers, telemetry=telemetry).run(stop)
+    telemetry.stop()
+    log.info("stopped")
+    return 0
+
+
+def run_kube(args: argparse.Namespace, log) -> int:
+    import signal
+    import threading
+
+    from controlplane.kube.client import connect, own_namespace
+    from controlplane.kube.manager import KubeController
+    from controlplane.telemetry import Telemetry
+
+    given = {"--spec": args.spec, "--scrape": args.scrape, "--scale-command": args.scale_command,
+             "--state-dir": args.state_dir, "--once": args.once, "--dry-run": args.dry_run}
+    for flag, value in given.items():
+        if value:
+            raise ValueError(f"{flag} does not go with --kube: the cluster holds the autoscalers, their "
+                             f"targets and their state")
+    model = None
+    if args.latency_model:
+        from simulator.latency import load_latency_model
+
+        model = load_latency_model(args.latency_model)
+    telemetry = Telemetry()
+    ctl = KubeController(connect(args.kubeconfig), namespace=args.namespace,
+                         scaled_objects=args.scaled_objects,
+                         prometheus=args.prometheus, engine=args.engine, timeout=args.timeout,
+                         latency_model=model,
+                         telemetry=telemetry, workers=args.workers,
+                         leader_election=not args.no_leader_election,
+                         lease_namespace=args.lease_namespace or own_namespace(), lease_name=args.lease_name,
+                         lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+                         retry_period=args.retry_period, scrape_interval=args.scrape_interval,
+                         decision_log=args.decision_log)
+    if args.metrics_port is not None:
+        port = telemetry.serve(args.metrics_port)
+        log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    where = f"namespace {args.namespace}" if args.namespace else "every namespace"
+    log.info("watching InferenceAutoscalers in %s as %s", where, ctl.identity)
+    ctl.run(stop)
     telemetry.stop()
     log.info("stopped")
     return 0

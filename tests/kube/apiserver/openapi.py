@@ -31,7 +31,8 @@ def gv_document(types, gv_path: str) -> dict | None:
         name = f"{t.group or 'core'}.{t.version}.{t.kind}"
         ref = {"$ref": f"#/components/schemas/{name}"}
         body = {"content": {ct: {"schema": {"type": "object"}} for ct in MERGE_TYPES}, "required": True}
-        op = {"x-kubernetes-group-version-kind": _gvk(t), "x-kubernetes-action": "patch", "parameters": params,
+        op = {"x-kubernetes-group-version-kind": _gvk(t), "x-kubernetes-action": "patch",
+              "parameters": params,
               "requestBody": body, "responses": {"200": {"description": "OK",
                                                          "content": {"application/json": {"schema": ref}}}}}
         get = {"x-kubernetes-group-version-kind": _gvk(t), "x-kubernetes-action": "get",
@@ -39,7 +40,8 @@ def gv_document(types, gv_path: str) -> dict | None:
         paths[f"{base}/{t.plural}/{{name}}"] = {"get": get, "patch": op}
         for sub in (["status"] if t.status else []) + (["scale"] if t.scale else []):
             paths[f"{base}/{t.plural}/{{name}}/{sub}"] = {"patch": {**op, "x-kubernetes-action": "patch"}}
-        schema = dict(t.schema) if t.schema else {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        schema = dict(t.schema) if t.schema else {"type": "object",
+                                                  "x-kubernetes-preserve-unknown-fields": True}
         schema["x-kubernetes-group-version-kind"] = [_gvk(t)]
         schemas[name] = schema
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths,

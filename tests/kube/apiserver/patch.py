@@ -85,8 +85,8 @@ def json_patch(target, ops: list):
             else:
                 raise ApiError(422, f"unsupported JSON patch operation {kind!r}")
         except (KeyError, IndexError, ValueError, TypeError):
-            raise ApiError(422, f"the server rejected our request due to an error in our request: "
-                                f"{kind} operation does not apply: doc is missing path: {op.get('path')}") from None
+            raise ApiError(422, f"the server rejected our request due to an error in our request: {kind} "
+                                f"operation does not apply: doc is missing path: {op.get('path')}") from None
     return doc
 
 

@@ -76,10 +76,12 @@ def allowed(store, user: User, verb: str, group: str, resource: str, sub: str, n
     return False
 
 
-def forbidden(user: User, verb: str, group: str, resource: str, sub: str, namespace: str, name: str) -> ApiError:
+def forbidden(user: User, verb: str, group: str, resource: str, sub: str, namespace: str,
+              name: str) -> ApiError:
     what = f"{resource}/{sub}" if sub else resource
     where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
     named = f' "{name}"' if name else ""
-    return ApiError(403, f'{what}{"." + group if group else ""}{named} is forbidden: User "{user.name}" cannot '
+    return ApiError(403,
+                    f'{what}{"." + group if group else ""}{named} is forbidden: User "{user.name}" cannot '
                          f'{verb} resource "{what}" in API group "{group}"{where}',
                     details={"name": name, "group": group, "kind": resource})

@@ -46,8 +46,9 @@ def crd_schema_errors(node: dict, path: str, in_junctor: bool = False) -> list[s
             continue
         ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in ((int, float), int))
         if not ok:
-            got = {"str": "string", "int": "number", "float": "number", "dict": "object", "list": "array"}.get(
-                type(value).__name__, type(value).__name__)
+            name = type(value).__name__
+            got = {"str": "string", "int": "number", "float": "number", "dict": "object", "list": "array"}
+            got = got.get(name, name)
             errors.append(f"json: cannot unmarshal {got} into Go "
                           f"struct field JSONSchemaProps.{path}.{key} of type {_go_type(expected)}")
     if errors:
@@ -104,7 +105,8 @@ def prune(schema: dict, value, path: str, root: bool = False) -> list[str]:
     if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
-        keep = {"apiVersion", "kind", "metadata"} if root or schema.get("x-kubernetes-embedded-resource") else set()
+        embedded = root or schema.get("x-kubernetes-embedded-resource")
+        keep = {"apiVersion", "kind", "metadata"} if embedded else set()
         for name in list(value):
             if name in props or name in keep or isinstance(extra, dict) or extra is True:
                 continue
@@ -174,7 +176,8 @@ def validate(schema: dict, value, path: str) -> list[tuple[str, str]]:
             high, excl = schema["maximum"], schema.get("exclusiveMaximum", False)
             if value > high or (excl and value == high):
                 word = "less than" if excl else "less than or equal to"
-                errors.append((path, f"Invalid value: {_show(value)}: {path} in body should be {word} {high}"))
+                errors.append((path,
+                               f"Invalid value: {_show(value)}: {path} in body should be {word} {high}"))
     if isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
             errors.append((path, f"Invalid value: {_show(value)}: {path} in body should be at least "
@@ -209,11 +212,13 @@ def validate(schema: dict, value, path: str) -> list[tuple[str, str]]:
         ok = sum(1 for sub in schema["oneOf"] if not validate(sub, value, path))
         if ok != 1:
             found = "none" if ok == 0 else "more than one"
-            errors.append((path, f"Invalid value: {_show(value)}: {path or 'object'} in body must validate one "
+            errors.append((path,
+                           f"Invalid value: {_show(value)}: {path or 'object'} in body must validate one "
                                  f"and only one schema (oneOf). Found {found} valid"))
     if "anyOf" in schema and not any(not validate(sub, value, path) for sub in schema["anyOf"]):
         errors.append((path, f"Invalid value: {_show(value)}: {path} in body must validate at least one "
                              f"schema (anyOf)"))
     if "not" in schema and not validate(schema["not"], value, path):
-        errors.append((path, f"Invalid value: {_show(value)}: {path} in body must not validate the schema (not)"))
+        errors.append((path,
+                       f"Invalid value: {_show(value)}: {path} in body must not validate the schema (not)"))
     return errors

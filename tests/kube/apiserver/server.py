@@ -196,7 +196,8 @@ class ApiServer:
         if path in ("/healthz", "/readyz", "/livez"):
             return 200, "ok", "text/plain"
         if path == "/version":
-            return 200, {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin", "platform": "linux/amd64"}, ""
+            return 200, {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin",
+                         "platform": "linux/amd64"}, ""
         if path == "/api":
             host = h.headers.get("Host", "")
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
@@ -337,7 +338,8 @@ class ApiServer:
                 with s.cond:
                     pending = self._events_after(t, ns, labels, fields, last)
                     if not pending:
-                        s.cond.wait(min(deadline, next_bookmark if bookmarks else deadline) - time.monotonic())
+                        s.cond.wait(min(deadline,
+                                        next_bookmark if bookmarks else deadline) - time.monotonic())
                         pending = self._events_after(t, ns, labels, fields, last)
                     last = pending[-1][0] if pending else s.rv  # nothing after `last` concerns us
                 pending = [(k, o) for _, k, o in pending]

@@ -95,15 +95,15 @@ class Store:
             obj = copy.deepcopy(obj)
             meta = obj.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
-                meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + "0123456789",
-                                                                            k=5))
+                suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+                meta["name"] = meta["generateName"] + suffix
             name = meta.get("name", "")
             if not name:
                 raise invalid(t, "", [("metadata.name", "Required value: name or generateName is required")])
             if not _NAME.match(name):
                 raise invalid(t, name, [("metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
-                                         f"subdomain must consist of lower case alphanumeric characters, '-' or "
-                                         f"'.', and must start and end with an alphanumeric character")])
+                                         "subdomain must consist of lower case alphanumeric characters, '-' "
+                                         "or '.', and must start and end with an alphanumeric character")])
             if t.namespaced:
                 if meta.get("namespace") not in (None, "", ns):
                     raise ApiError(400, "the namespace of the provided object does not match the namespace "
@@ -175,7 +175,8 @@ class Store:
                 self._register(new)
             return out, warnings
 
-    def delete(self, t: ResourceType, ns: str, name: str, uid: str | None = None, rv: str | None = None) -> dict:
+    def delete(self, t: ResourceType, ns: str, name: str, uid: str | None = None,
+               rv: str | None = None) -> dict:
         with self.cond:
             ns = ns if t.namespaced else ""
             obj = self.objects[t.key].get((ns, name))
@@ -216,7 +217,8 @@ class Store:
             crdschema.apply_defaults(t.schema, obj)
             dropped = crdschema.prune(t.schema, obj, "", root=True)
             if dropped and strict:
-                raise ApiError(400, "strict decoding error: " + ", ".join(f'unknown field "{d}"' for d in dropped))
+                raise ApiError(400,
+                               "strict decoding error: " + ", ".join(f'unknown field "{d}"' for d in dropped))
             warnings += [f'unknown field "{d}"' for d in dropped]
             errors = crdschema.validate(t.schema, obj, "")
             if errors:
@@ -253,7 +255,8 @@ class Store:
             obj = self.get(t, ns, name)
             replicas = (scale.get("spec") or {}).get("replicas")
             if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-                raise invalid(t, name, [("spec.replicas", f"Invalid value: {replicas!r}: must be greater than "
+                raise invalid(t, name, [("spec.replicas",
+                                         f"Invalid value: {replicas!r}: must be greater than "
                                          f"or equal to 0")])
             rv = (scale.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, "") and rv != obj["metadata"]["resourceVersion"]:
@@ -319,15 +322,18 @@ def _crd(obj: dict, old: dict | None) -> list[tuple[str, str]]:
     errors = []
     expected = f"{names.get('plural')}.{spec.get('group')}"
     if obj["metadata"]["name"] != expected:
-        errors.append(("metadata.name", f'Invalid value: "{obj["metadata"]["name"]}": must be spec.names.plural'
+        errors.append(("metadata.name",
+                       f'Invalid value: "{obj["metadata"]["name"]}": must be spec.names.plural'
                                         f'+"."+spec.group'))
     versions = spec.get("versions") or []
     if sum(1 for v in versions if v.get("storage")) != 1:
-        errors.append(("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
+        errors.append(("spec.versions",
+                       "Invalid value: must have exactly one version marked as storage version"))
     for i, v in enumerate(versions):
         s = (v.get("schema") or {}).get("openAPIV3Schema")
         if s is None:
-            errors.append((f"spec.versions[{i}].schema.openAPIV3Schema", "Required value: schemas are required"))
+            errors.append((f"spec.versions[{i}].schema.openAPIV3Schema",
+                           "Required value: schemas are required"))
             continue
         for e in crdschema.crd_schema_errors(s, f"spec.versions[{i}].schema.openAPIV3Schema"):
             if e.startswith("json: "):  # a wrong JSON type fails decoding before any validation

@@ -11,7 +11,7 @@ from tests.kube.apiserver.selectors import get_path
 NAME = {"name": "Name", "type": "string", "format": "name", "priority": 0,
         "description": "Name must be unique within a namespace."}
 AGE = {"name": "Age", "type": "string", "format": "", "priority": 0,
-       "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}
+       "description": "CreationTimestamp is when the server created the object."}
 
 
 def age(timestamp: str | None) -> str:
@@ -53,7 +53,8 @@ def _builtin(kind: str):
             st = o.get("status") or {}
             ready = sum(1 for c in st.get("containerStatuses") or [] if c.get("ready"))
             total = len((o.get("spec") or {}).get("containers") or [])
-            return [f"{ready}/{total}", st.get("phase", "Pending"), 0, age(o["metadata"].get("creationTimestamp"))]
+            return [f"{ready}/{total}", st.get("phase", "Pending"), 0,
+                    age(o["metadata"].get("creationTimestamp"))]
         return cols, cells
     return [AGE], lambda o: [age(o["metadata"].get("creationTimestamp"))]
 
@@ -61,7 +62,8 @@ def _builtin(kind: str):
 def table(t, items: list[dict], rv: str, include_object: str = "Metadata") -> dict:
     if t.columns:
         cols = [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
-                 "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in t.columns]
+                 "description": c.get("description", ""), "priority": c.get("priority",
+                                                                            0)} for c in t.columns]
 
         def cells(o):
             return [get_path(o, c["jsonPath"]) for c in t.columns]

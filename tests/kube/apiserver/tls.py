@@ -13,7 +13,8 @@ def make_certificate(folder: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "apiserver.crt", folder / "apiserver.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=standin-apiserver", "-keyout", str(key), "-out", str(cert),
+                    "-nodes", "-days", "1", "-subj", "/CN=standin-apiserver", "-keyout", str(key), "-out",
+                    str(cert),
                     "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
                     "-addext", "basicConstraints=critical,CA:TRUE",
                     "-addext", "keyUsage=critical,digitalSignature,keyCertSign"],
