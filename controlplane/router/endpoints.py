@@ -3,8 +3,7 @@
 Gauges come from the endpoint's /metrics page (vLLM, SGLang or our engine; names from
 controlplane.sources.names). Only the few gauge lines are read: the full text parser costs tens of
 milliseconds a page, too much ten times a second. Between scrapes the router's own counts carry the
-estimate: requests sent since the last scrape add to its waiting queue, requests finished since
-take from it.
+estimate (Endpoint.num_waiting).
 """
 
 from __future__ import annotations
@@ -73,9 +72,12 @@ class Endpoint:
 
     @property
     def num_waiting(self) -> int:
-        """The engine's waiting queue: the last scrape's, moved by what this router sent or saw
-        finish since."""
-        return max(0, self.scraped_waiting + self.outstanding - self.outstanding_at_scrape)
+        """The engine's waiting queue, the larger of two estimates: the last scrape's, moved by what
+        this router sent or saw finish since; and what this router has in flight there beyond the
+        running batch (exact own counts against the slowly changing batch size: it also counts
+        requests still on their way in, which the page cannot show yet)."""
+        return max(0, self.scraped_waiting + self.outstanding - self.outstanding_at_scrape,
+                   self.outstanding - self.num_running)
 
     def scraped(self, gauges: dict[str, float], models: set[str], outstanding_then: int, now: float) -> None:
         self.scraped_waiting = int(gauges.get("num_waiting", 0))
