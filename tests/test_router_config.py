@@ -104,3 +104,22 @@ def test_prompt_hashes_are_the_engines_block_hashes():
     assert request_prompt({"prompt": [text]}, chat=False) == text
     msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert request_prompt({"messages": msgs}, chat=True) == chat_text(msgs) == "<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_example_scaledobject_reads_metrics_the_router_exports():
+    from prometheus_client import generate_latest
+
+    from autoscaler.spec import load_spec
+    from controlplane.router.metrics import RouterMetrics
+    from controlplane.sources.promql import metric_names, parse
+
+    path = EXAMPLES / "router_scaledobject.yaml"
+    spec = load_spec(path.read_text(), path=str(path))
+    m = RouterMetrics()
+    m.queue_size.labels("0", "default").set(0)
+    m.inflight.labels("http://e").set(0)
+    page = generate_latest(m.registry).decode()
+    assert spec.min_replicas == 0
+    for trigger in spec.doc["spec"]["triggers"]:
+        for name in metric_names(parse(trigger["metadata"]["query"])):
+            assert f"\n{name}{{" in page
