@@ -2,7 +2,6 @@
 vLLM 0.32 page, SGLang- and vLLM-shaped pages made with prometheus_client, outages, restarts, removed
 endpoints, per-trigger errors, and the Observation the simulator would build from the same events."""
 
-import math
 import re
 from pathlib import Path
 
@@ -372,4 +371,3 @@ def test_metrics_url():
     assert metrics_url("127.0.0.1:8000") == "http://127.0.0.1:8000/metrics"
     assert metrics_url("http://h:1/") == "http://h:1/metrics"
     assert metrics_url("https://h:1/custom/path") == "https://h:1/custom/path"
-    assert math.isfinite(1.0)
