@@ -95,7 +95,7 @@ class ApiServer:
         self.audit: list[dict] = []
         self.audit_path = Path(audit_path) if audit_path else None
         self._audit_lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer((host, port), _Handler)
+        self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.daemon_threads = True
         # the handshake happens in the handler's thread, so one slow client never holds up accept()
         self._httpd.socket = tls.server_context(self.cert, key).wrap_socket(
@@ -369,6 +369,9 @@ def _q(query: dict, key: str) -> str | None:
 
 
 def _json(body: bytes):
+    if body[:4] == b"k8s\x00":  # the protobuf envelope: only JSON is served here
+        raise ApiError(415, "the body of the request was in an unknown format - accepted media types include: "
+                            "application/json, application/yaml")
     try:
         return json.loads(body or b"null")
     except json.JSONDecodeError as exc:
@@ -381,6 +384,14 @@ def _wants_table(h) -> bool:
 
 def _include(query: dict) -> str:
     return _q(query, "includeObject") or "Metadata"
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):  # a client hanging up mid-request is no error
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
