@@ -71,8 +71,9 @@ class Cluster:
                 except ApiError as err:
                     if doc["kind"] == "CustomResourceDefinition" and "exclusiveM" in err.message:
                         self.api.stop()
-                        pytest.xfail(f"the API server rejects deploy/crds (autoscaler/crd.py must write "
-                                     f"exclusiveMinimum/Maximum as OpenAPI v3.0 booleans): {err.message[:200]}")
+                        why = "the API server rejects deploy/crds (autoscaler/crd.py must write "
+                        why += "exclusiveMinimum/Maximum as OpenAPI v3.0 booleans): "
+                        pytest.xfail(why + err.message[:200])
                     raise
 
     # -- objects, straight into the store (no audit entries) --------------------------------------
@@ -109,10 +110,12 @@ class Cluster:
     def condition(self, namespace: str, name: str, type_: str, kind: str = "InferenceAutoscaler",
                   api_version: str = "slopilot.dev/v1alpha1") -> dict | None:
         obj = self.get(api_version, kind, namespace, name)
-        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_),
+                    None)
 
     # -- clients -------------------------------------------------------------------------------
-    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, check: bool = True,
+                stdin: str | None = None) -> subprocess.CompletedProcess:
         done = subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, timeout=60,
                               input=stdin)
         if check and done.returncode != 0:

@@ -27,7 +27,7 @@ spec:
   template:
     metadata: {labels: {app: llama}}
     spec:
-      containers: [{name: engine, image: vllm/vllm-openai:v0.11.0, ports: [{name: http, containerPort: 8000}]}]
+      containers: [{name: engine, image: vllm/vllm-openai, ports: [{name: http, containerPort: 8000}]}]
 """
 
 AUTOSCALER = """
@@ -56,7 +56,8 @@ def test_kubectl_installs_the_base_and_works_with_autoscalers(empty_cluster):
     done = cluster.kubectl("apply", "-k", str(ROOT / "deploy" / "base"))
     print(done.stdout)
     assert "deployment.apps/slopilot-controller created" in done.stdout
-    assert "customresourcedefinition.apiextensions.k8s.io/inferenceautoscalers.slopilot.dev created" in done.stdout
+    assert "customresourcedefinition.apiextensions.k8s.io/inferenceautoscalers.slopilot.dev created" \
+        in done.stdout
     # applied again: nothing changes
     again = cluster.kubectl("apply", "-k", str(ROOT / "deploy" / "base")).stdout
     assert "deployment.apps/slopilot-controller unchanged" in again
@@ -92,7 +93,8 @@ def test_kubectl_installs_the_base_and_works_with_autoscalers(empty_cluster):
     assert bad.returncode != 0 and 'unknown field "spec.policy.keda.pollingIntervall"' in bad.stderr
     wrong = cluster.kubectl("apply", "-f", "-", check=False, stdin=(AUTOSCALER % {"name": "bad", "max": 3})
                             .replace("type: keda", "type: magic"))
-    assert wrong.returncode != 0 and "spec.policy.type" in wrong.stderr and "Unsupported value" in wrong.stderr
+    assert wrong.returncode != 0
+    assert "spec.policy.type" in wrong.stderr and "Unsupported value" in wrong.stderr
     assert "bad" not in cluster.kubectl("get", "ias", "-n", "shop", "-o", "name").stdout
 
     # what kubectl did, in the audit log
@@ -107,7 +109,8 @@ def test_the_official_client_sees_real_api_semantics(cluster):
     cluster.namespace("shop")
     cluster.apply(yaml.safe_load(ENGINE))
     ia = yaml.safe_load(AUTOSCALER % {"name": "a", "max": 4})
-    created = custom.create_namespaced_custom_object("slopilot.dev", "v1alpha1", "shop", "inferenceautoscalers", ia)
+    created = custom.create_namespaced_custom_object("slopilot.dev", "v1alpha1", "shop",
+                                                     "inferenceautoscalers", ia)
     rv = created["metadata"]["resourceVersion"]
     assert created["spec"]["pollingInterval"] == 15  # the schema's default, filled by the server
 
@@ -120,7 +123,8 @@ def test_the_official_client_sees_real_api_semantics(cluster):
     assert after["metadata"]["generation"] == 1
     # a write at the old resourceVersion: 409
     with pytest.raises(ApiException) as stale:
-        custom.replace_namespaced_custom_object("slopilot.dev", "v1alpha1", "shop", "inferenceautoscalers", "a",
+        custom.replace_namespaced_custom_object("slopilot.dev", "v1alpha1", "shop", "inferenceautoscalers",
+                                                "a",
                                                 created)
     assert stale.value.status == 409
     # 404s
@@ -142,7 +146,8 @@ def test_the_official_client_sees_real_api_semantics(cluster):
     # a resourceVersion older than the history: 410 Gone
     cluster.store.compacted = int(start) + 5
     with pytest.raises(ApiException) as gone:
-        for _ in watch.Watch().stream(custom.list_namespaced_custom_object, "slopilot.dev", "v1alpha1", "shop",
+        for _ in watch.Watch().stream(custom.list_namespaced_custom_object, "slopilot.dev", "v1alpha1",
+                                      "shop",
                                       "inferenceautoscalers", resource_version=start, timeout_seconds=1):
             pass
     assert gone.value.status == 410

@@ -370,7 +370,8 @@ def _q(query: dict, key: str) -> str | None:
 
 def _json(body: bytes):
     if body[:4] == b"k8s\x00":  # the protobuf envelope: only JSON is served here
-        raise ApiError(415, "the body of the request was in an unknown format - accepted media types include: "
+        raise ApiError(415,
+                       "the body of the request was in an unknown format - accepted media types include: "
                             "application/json, application/yaml")
     try:
         return json.loads(body or b"null")
