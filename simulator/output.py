@@ -119,10 +119,21 @@ def write_html(summary: dict, images: list[str], path: Path) -> None:
         "throughput_rps",
         "output_tokens_per_s",
         "replica_hours",
-        "cost",
         "scale_events",
     ):
         parts.append(row(k, summary[k]))
+    costs = summary["costs"]
+    cur = html.escape(costs["currency"])
+    parts.append("</table><h2>Cost</h2><table>")
+    for k, label in (
+        ("total", f"total ({cur})"),
+        ("during_workload", f"while the workload ran ({cur})"),
+        ("drain", f"draining after it ({cur}), {costs['drain_seconds']:.0f} s"),
+        ("per_hour_at_peak", f"per hour at the peak ({cur}/h)"),
+        ("gpu_hours", "GPU-hours"),
+        ("per_million_output_tokens", f"per million output tokens ({cur})"),
+    ):
+        parts.append(row(label, costs[k]))
     parts.append(
         "</table><h2>Latency (s)</h2><table><tr><th></th><th>mean</th><th>p50</th><th>p90</th>"
         "<th>p99</th></tr>"
@@ -134,7 +145,8 @@ def write_html(summary: dict, images: list[str], path: Path) -> None:
             + "</tr>"
         )
     parts.append(
-        "</table><h2>Pools</h2><table><tr><th>pool</th><th>replica-hours</th><th>cost</th>"
+        "</table><h2>Pools</h2><table><tr><th>pool</th><th>replica-hours</th><th>GPUs a replica</th>"
+        "<th>GPU-hours</th><th>peak replicas</th><th>cost per hour at peak</th><th>cost</th>"
         "<th>utilization</th><th>scale events</th><th>prefix hit rate</th><th>peak KV</th></tr>"
     )
     for name, p in summary["pools"].items():
@@ -144,6 +156,10 @@ def write_html(summary: dict, images: list[str], path: Path) -> None:
                 f"<td>{_fmt(p[c])}</td>"
                 for c in (
                     "replica_hours",
+                    "gpus_per_replica",
+                    "gpu_hours",
+                    "peak_replicas",
+                    "cost_per_hour_at_peak",
                     "cost",
                     "utilization",
                     "scale_events",

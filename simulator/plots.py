@@ -1,4 +1,6 @@
-"""The report's PNG plots (matplotlib, Agg): replicas against load, latency percentiles over time, CDFs."""
+"""The report's PNG plots (matplotlib, Agg): replicas against load, latency percentiles over time, CDFs,
+queue and KV-cache usage over time. Replica axes count whole replicas, every line is in a legend, and
+each SLO is drawn where its metric is plotted (at its seconds, with its percentile on the CDFs)."""
 
 from __future__ import annotations
 
@@ -8,76 +10,135 @@ import numpy as np
 
 # no timestamps or version strings in the files, so equal runs give equal bytes
 _META = {"Software": None}
+SLO_STYLE = {"color": "red", "ls": ":", "lw": 1.2}
 
 
 def plot_all(fleet, req: dict, out: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    names = []
-    tl = fleet.timeline
     ok = req["status"] == 1
+    return [
+        _replicas_vs_load(fleet, out),
+        _latency_over_time(fleet, req, ok, out),
+        _latency_cdfs(fleet, req, ok, out),
+        _queue_and_kv(fleet, out),
+    ]
+
+
+def _pool_rows(fleet, pool) -> tuple[np.ndarray, list[dict]]:
+    rows = [r for r in fleet.timeline if r["pool"] == pool.spec.name]
+    return np.array([r["time"] for r in rows]) / 60, rows
+
+
+def _slos_for(fleet, metric: str) -> list:
+    """The scenario's SLOs on this metric (an itl target is drawn on the TPOT plots)."""
+    return [s for s in fleet.sc.slos if s.metric == metric or (metric == "tpot" and s.metric == "itl")]
+
+
+def _replicas_vs_load(fleet, out: Path) -> str:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(10, 4))
     for pool in fleet.pools:
-        rows = [r for r in tl if r["pool"] == pool.spec.name]
-        t = np.array([r["time"] for r in rows]) / 60
+        t, rows = _pool_rows(fleet, pool)
         ax.step(t, [r["ready"] for r in rows], where="post", label=f"{pool.spec.name} ready")
         ax.step(t, [r["desired"] for r in rows], where="post", ls="--", label=f"{pool.spec.name} desired")
     ax.set_xlabel("time (min)")
     ax.set_ylabel("replicas")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
-    rows = [r for r in tl if r["pool"] == fleet.pools[0].spec.name]
-    ax2.plot(
-        np.array([r["time"] for r in rows]) / 60,
-        [r["arrival_rate"] for r in rows],
-        color="grey",
-        alpha=0.5,
-        lw=0.8,
-        label="arrivals/s",
-    )
+    t, rows = _pool_rows(fleet, fleet.pools[0])  # fleet-wide arrivals sit on the first pool's rows
+    ax2.plot(t, [r["arrival_rate"] for r in rows], color="grey", alpha=0.5, lw=0.8, label="arrivals/s")
     ax2.set_ylabel("arrivals / s")
-    ax.legend(loc="upper left", fontsize=8)
+    ax2.set_ylim(bottom=0)
+    _legend(ax, ax2)
     ax.set_title("Replicas against load")
-    names.append(_save(fig, out, "replicas_vs_load.png"))
+    return _save(fig, out, "replicas_vs_load.png")
+
+
+def _latency_over_time(fleet, req: dict, ok: np.ndarray, out: Path) -> str:
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     minute = (req["arrival"] // 60).astype(np.int64)
     for ax, key, label in ((axes[0], "ttft", "TTFT (s)"), (axes[1], "tpot", "TPOT (s)")):
-        ms, p50, p90, p99 = [], [], [], []
+        ms, pcts = [], []
         for m in np.unique(minute[ok]):
             v = req[key][ok & (minute == m)]
             v = v[~np.isnan(v)]
             if len(v):
                 ms.append(m)
-                a, b, c = np.percentile(v, [50, 90, 99])
-                p50.append(a), p90.append(b), p99.append(c)
-        for ys, lab in ((p50, "p50"), (p90, "p90"), (p99, "p99")):
-            ax.plot(ms, ys, label=lab)
-        for slo in fleet.sc.slos:
-            if slo.name == key or (key == "tpot" and slo.name == "itl"):
-                ax.axhline(slo.threshold, color="red", ls=":", label=f"SLO p{slo.percentile:g}")
+                pcts.append(np.percentile(v, [50, 90, 99]))
+        pcts = np.array(pcts).reshape(-1, 3)
+        for j, lab in enumerate(("p50", "p90", "p99")):
+            ax.plot(ms, pcts[:, j], label=lab)
+        for slo in _slos_for(fleet, key):
+            label = f"SLO {slo.metric} p{slo.percentile:g} <= {slo.seconds:g} s"
+            ax.axhline(slo.seconds, **SLO_STYLE, label=label)
         ax.set_xlabel("arrival minute")
         ax.set_ylabel(label)
         ax.set_yscale("log")
         ax.legend(fontsize=8)
     fig.suptitle("Latency percentiles over time")
-    names.append(_save(fig, out, "latency_over_time.png"))
+    return _save(fig, out, "latency_over_time.png")
+
+
+def _latency_cdfs(fleet, req: dict, ok: np.ndarray, out: Path) -> str:
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, key in zip(axes, ("ttft", "tpot", "e2e")):
         v = np.sort(req[key][ok][~np.isnan(req[key][ok])])
         if len(v):
-            ax.plot(v, np.arange(1, len(v) + 1) / len(v))
+            ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=f"{key} ({len(v)} requests)")
+        for slo in _slos_for(fleet, key):
+            ax.axvline(slo.seconds, **SLO_STYLE, label=f"SLO {slo.seconds:g} s")
+            ax.axhline(slo.percentile / 100, color="red", ls="--", lw=0.8, label=f"p{slo.percentile:g}")
         ax.set_xscale("log")
         ax.set_xlabel(f"{key} (s)")
         ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Latency CDFs")
-    names.append(_save(fig, out, "latency_cdfs.png"))
-    return names
+    return _save(fig, out, "latency_cdfs.png")
+
+
+def _queue_and_kv(fleet, out: Path) -> str:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    for pool in fleet.pools:
+        t, rows = _pool_rows(fleet, pool)
+        name = pool.spec.name
+        top.step(t, [r["waiting"] for r in rows], where="post", label=f"{name} waiting")
+        top.step(t, [r["running"] for r in rows], where="post", ls="--", label=f"{name} running")
+        bottom.plot(t, [100 * r["kv_usage"] for r in rows], label=f"{name} mean KV-cache usage")
+    top.set_ylabel("requests")
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=8, loc="upper left")
+    top.set_title("Queue and KV-cache usage over time")
+    bottom.set_ylabel("KV cache used (%, ready replicas)")
+    bottom.set_ylim(0, 100)
+    bottom.set_xlabel("time (min)")
+    bottom.legend(fontsize=8, loc="upper left")
+    return _save(fig, out, "queue_and_kv.png")
+
+
+def _legend(*axes) -> None:
+    """One legend for the lines of several axes (a twin axis' lines included)."""
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    axes[0].legend(handles, labels, loc="upper left", fontsize=8)
 
 
 def _save(fig, out: Path, name: str) -> str:

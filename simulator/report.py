@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoscaler.slo import SloTarget
+from simulator.cost import fleet_cost, pool_cost
 from simulator.requests import OK, STATUS
 from simulator.steptime import PS
 
@@ -63,13 +65,13 @@ def slo_metric(req: dict, name: str) -> np.ndarray:
     return req["tpot"] if name in ("tpot", "itl") else req[name]
 
 
-def slo_meets(req: dict, slo, arrived: np.ndarray) -> np.ndarray:
+def slo_meets(req: dict, slo: SloTarget, arrived: np.ndarray) -> np.ndarray:
     """Per arrived request: did it meet this SLO (requests that did not finish never do)."""
     ok = req["status"][arrived] == 1
-    v = slo_metric(req, slo.name)[arrived]
-    if slo.name in ("tpot", "itl"):  # a one-token answer has no inter-token time: it meets the SLO
-        return ok & (np.isnan(v) | (v <= slo.threshold))
-    return ok & (v <= slo.threshold)
+    v = slo_metric(req, slo.metric)[arrived]
+    if slo.metric in ("tpot", "itl"):  # a one-token answer has no inter-token time: it meets the SLO
+        return ok & (np.isnan(v) | (v <= slo.seconds))
+    return ok & (v <= slo.seconds)
 
 
 def window_attainment(req: dict, slos, arrived: np.ndarray, window: float = 60.0) -> float | None:
@@ -86,11 +88,11 @@ def window_attainment(req: dict, slos, arrived: np.ndarray, window: float = 60.0
         total += 1
         fine = True
         for slo in slos:
-            v = slo_metric(req, slo.name)[sel]
+            v = slo_metric(req, slo.metric)[sel]
             v = np.where(req["status"][sel] == 1, v, 1e18)  # unfinished: worse than any SLO
-            if slo.name in ("tpot", "itl"):
+            if slo.metric in ("tpot", "itl"):
                 v = np.where(np.isnan(v), 0.0, v)
-            if np.percentile(v, slo.percentile) > slo.threshold:
+            if np.percentile(v, slo.percentile) > slo.seconds:
                 fine = False
                 break
         good += fine
@@ -110,17 +112,17 @@ def summarize(fleet) -> dict:
     for slo in sc.slos:
         meets = slo_meets(req, slo, arrived)
         joint &= meets
-        value = _pcts(slo_metric(req, slo.name)[arrived & ok]).get(f"p{int(slo.percentile)}")
+        value = _pcts(slo_metric(req, slo.metric)[arrived & ok]).get(f"p{int(slo.percentile)}")
         if value is None:
-            vals = slo_metric(req, slo.name)[arrived & ok]
+            vals = slo_metric(req, slo.metric)[arrived & ok]
             vals = vals[~np.isnan(vals)]
             value = float(np.percentile(vals, slo.percentile)) if len(vals) else None
-        slos[slo.name] = {
-            "threshold": slo.threshold,
+        slos[slo.metric] = {
+            "threshold": slo.seconds,  # seconds
             "percentile": slo.percentile,
             "attainment": float(meets.mean()) if n_arrived else None,
             "value_at_percentile": value,
-            "met": bool(value is not None and value <= slo.threshold),
+            "met": bool(value is not None and value <= slo.seconds),
         }
     pools = {}
     for pool in fleet.pools:
@@ -145,6 +147,7 @@ def summarize(fleet) -> dict:
             ),
             "peak_kv_usage": max((r.max_usage for r in pool.replicas), default=0.0),
             "preemptions": int(sum(r.sched.num_preemptions for r in pool.replicas)),
+            **pool_cost(pool, fleet.end_ps, fleet.end_time_ps),
         }
     tl = fleet.timeline
     in_system = (
@@ -181,6 +184,8 @@ def summarize(fleet) -> dict:
         "pools": pools,
         "replica_hours": sum(p["replica_hours"] for p in pools.values()),
         "cost": sum(p["cost"] for p in pools.values()),
+        "costs": fleet_cost(fleet.pools, pools, fleet.end_ps, fleet.end_time_ps, sc.currency,
+                            float(req["output_tokens"][ok].sum())),
         "scale_events": sum(p["scale_events"] for p in pools.values()),
         "littles_law": {
             "mean_in_system": in_system,
@@ -196,3 +201,51 @@ def summarize(fleet) -> dict:
 def _ratio(num: np.ndarray, den: np.ndarray) -> float | None:
     d = float(den.sum())
     return float(num.sum()) / d if d > 0 else None
+
+
+def slos_missed(summary: dict) -> list[str]:
+    """The SLOs the run missed (its percentile above the target, or nothing finished to measure)."""
+    return [name for name, v in summary["slo"].items() if not v["met"]]
+
+
+def _money(x: float | None, currency: str) -> str:
+    return "n/a" if x is None else f"{x:,.2f} {currency}"
+
+
+def summary_lines(s: dict) -> list[str]:
+    """The summary as terminal lines: requests and the SLO verdict, latency, each SLO, cost."""
+    nan = float("nan")
+    r, c, cur = s["requests"], s["costs"], s["costs"]["currency"]
+    failed = ", ".join(f"{r[k]} {k}" for k in STATUS[2:] if r.get(k))
+    missed = slos_missed(s)
+    if missed:
+        head = (f"SLOs MISSED ({', '.join(missed)}): {r['arrived']} requests arrived, {r['ok']} finished"
+                + (f" ({failed})" if failed else ""))
+    elif s["slo"]:
+        head = f"all SLOs met: {r['ok']}/{r['arrived']} requests ok" + (f" ({failed})" if failed else "")
+    else:
+        head = f"{r['ok']}/{r['arrived']} requests ok (no SLOs given)" + (f" ({failed})" if failed else "")
+    lines = [head]
+    for k in ("ttft", "tpot", "e2e"):
+        q = s["latency"][k]
+        lines.append(f"{k.upper():5s} p50 {q.get('p50', nan):.3f} s  p90 {q.get('p90', nan):.3f} s  "
+                     f"p99 {q.get('p99', nan):.3f} s")
+    for name, v in s["slo"].items():
+        at = v["value_at_percentile"]
+        value = "nothing finished" if at is None else f"{at:.3f} s"
+        within = "" if v["attainment"] is None else f", {100 * v['attainment']:.2f}% of requests within"
+        lines.append(f"SLO {name} p{v['percentile']:g} <= {v['threshold']:g} s: {value} "
+                     f"({'met' if v['met'] else 'MISSED'}){within}")
+    rates = [f"throughput {s['throughput_rps'] or 0:.2f} req/s",
+             f"{s['output_tokens_per_s'] or 0:.0f} output tokens/s"]
+    if s["goodput_rps"] is not None:
+        rates.insert(0, f"goodput {s['goodput_rps']:.2f} req/s (all SLOs met)")
+    lines.append(", ".join(rates))
+    lines.append(f"cost {_money(c['total'], cur)}: {_money(c['during_workload'], cur)} while the workload "
+                 f"ran, {_money(c['drain'], cur)} draining the {c['drain_seconds']:.0f} s after it; "
+                 f"{_money(c['per_hour_at_peak'], cur)}/h at the peak")
+    gpus = ", ".join(f"{p['gpus_per_replica']} a replica ({name})" for name, p in s["pools"].items())
+    lines.append(f"GPUs: {gpus}; {s['replica_hours']:.2f} replica-hours, {c['gpu_hours']:.2f} GPU-hours; "
+                 f"{_money(c['per_million_output_tokens'], cur)} per million output tokens; "
+                 f"scale events: {s['scale_events']}")
+    return lines

@@ -17,11 +17,11 @@ from pathlib import Path
 from autoscaler.schedule import SchedulePolicy
 from autoscaler.slo import SloTarget
 from autoscaler.spec import load_spec
-from autoscaler.validation import check
+from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
 from simulator.dists import Dist
 from simulator.router import Router
-from simulator.scenario_limits import MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
+from simulator.scenario_limits import MAX_DURATION, MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
 from simulator.scenario_workload import workload_config
 
@@ -89,6 +89,7 @@ class Scenario:
     max_drain: float = 3600.0
     base_dir: Path = Path(".")
     name: str = "scenario"
+    currency: str = "USD"  # of the pools' cost_per_hour, for the report
 
 
 def _given(data: dict, fields: dict) -> dict:
@@ -97,8 +98,10 @@ def _given(data: dict, fields: dict) -> dict:
     return {attr: kind(data[key]) for key, (attr, kind) in fields.items() if key in data}
 
 
-def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = None) -> Scenario:
-    """A scenario from a YAML file path, YAML text, a dict or a parsed Document."""
+def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = None,
+                  duration: float | None = None) -> Scenario:
+    """A scenario from a YAML file path, YAML text, a dict or a parsed Document; `duration` replaces
+    the file's (a command line's --duration), checked against the same limits."""
     name = "scenario"
     if isinstance(source, (dict, Document)):
         doc = document(source)
@@ -118,6 +121,11 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
             raise FileNotFoundError(f"scenario file not found: {source}")
     if not isinstance(doc.data, dict):
         raise doc.error((), "a scenario must be a mapping with workload and pools")
+    if duration is not None:
+        if problems(SCENARIO["properties"]["duration"], duration):
+            raise ValueError(f"duration {duration!r} (in place of the file's): must be a number > 0 and "
+                             f"<= {MAX_DURATION:.0f} s")
+        doc = Document({**doc.data, "duration": duration}, doc.name, doc.node, doc.prefix)
     check(SCENARIO, doc)
     d = doc.data
     base = base_dir or Path(".")
@@ -137,7 +145,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         slos=[SloTarget.from_yaml(metric, v) for metric, v in d.get("slo", {}).items()],
         base_dir=base,
         name=str(d.get("name", name)),
-        **_given(d, {"seed": ("seed", int)}),
+        **_given(d, {"seed": ("seed", int), "currency": ("currency", str)}),
         **_given(sections["metrics"], {"scrape_interval": ("scrape_interval", float)}),
         **_given(sections["metrics"], {"rate_window": ("rate_window", float)}),
         **_given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),

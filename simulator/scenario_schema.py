@@ -250,6 +250,7 @@ SCENARIO = mapping(
         ),
         "output": mapping({"timeline_interval": at_least(SECONDS, MIN_INTERVAL)}),
         "drain": mapping({"enabled": BOOL, "max": at_most(NONNEG, MAX_DURATION)}),
+        "currency": {"type": "string", "minLength": 1, "maxLength": 16},  # of the pools' cost_per_hour
     },
     ("workload", "pools"),
 )

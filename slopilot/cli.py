@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 
 DESCRIPTION = "slopilot: autoscaling control plane and SLO simulator for LLM inference fleets"
@@ -65,10 +67,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args._run(args) or 0)
+        rc = int(args._run(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below rather than at exit
+        return rc
+    except BrokenPipeError:
+        return _closed_pipe()
     except (ValueError, FileNotFoundError) as exc:
         print(f"slopilot {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (`slopilot predict ... | head`): stop quietly, with the
+    status of a command ended by SIGPIPE, and let nothing more be written to the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def test_profile_from_run_cli(tmp_path, capsys):
             "--prompt-tokens", "20-60", "--output-tokens", "4-9", "--seed", "3", "--out", str(out)]
     assert main(argv) == 0
     rows = list(csv.DictReader(out.open()))
-    meta = json.loads(out.with_suffix(".json").read_text())
+    meta = json.loads(out.with_suffix(".meta.json").read_text())  # not serving.json: calibrate's name
     assert meta["from_run"]["load"]["requests"] == 12
     assert meta["from_run"]["wakeup_ms"] is None or meta["from_run"]["wakeup_ms"] >= 0
     assert all(float(r["latency_ms"]) > 0 for r in rows)

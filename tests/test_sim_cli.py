@@ -35,7 +35,11 @@ def test_example_runs_shortened(name, tmp_path, capsys):
     with open(out / "timeline.csv") as f:
         tl = list(csv.DictReader(f))
     assert tl and all(0 <= float(r["kv_usage"]) <= 1 for r in tl)
-    assert "requests ok" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    missed = [k for k, v in summary["slo"].items() if not v["met"]]
+    assert ("requests ok" in printed) == (not missed)  # never "ok" for a run that missed an SLO
+    assert printed.startswith(f"SLOs MISSED ({', '.join(missed)})" if missed else "all SLOs met")
+    assert all(f"SLO {k} p" in printed for k in summary["slo"])
 
 
 def test_mooncake_example_shortened(shared_data, tmp_path):

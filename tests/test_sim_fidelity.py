@@ -18,7 +18,6 @@ calibration run a minute before). The short variant (120 requests) in `make test
 of the whole pipeline: medians within 50%.
 """
 
-import json
 
 import numpy as np
 import pytest
@@ -60,7 +59,7 @@ def _engine_run(arrivals, prompt, output):
 def _calibrate(tmp_path, requests: int):
     """A serving profile of a calibration run (seed 11, prompts 32-256, outputs 8-64), fitted."""
     from simulator.latency.fit import fit
-    from simulator.latency.profile import read_profile
+    from simulator.latency.profile import read_metadata, read_profile
     from slopilot.cli import main
 
     csv_path = tmp_path / "tiny-serving.csv"
@@ -70,7 +69,7 @@ def _calibrate(tmp_path, requests: int):
             "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
             "--block-size", str(ENGINE["block_size"])]
     assert main(argv) == 0
-    wakeup_ms = json.loads(csv_path.with_suffix(".json").read_text())["from_run"]["wakeup_ms"]
+    wakeup_ms = read_metadata(csv_path)["from_run"]["wakeup_ms"]
     return fit(read_profile(csv_path), match_mean=True), wakeup_ms or 0.0
 
 

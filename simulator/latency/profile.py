@@ -8,6 +8,7 @@ without them a mixed row is split as described in `step_shape`.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,28 @@ def read_profile(path: str | Path, require_latency: bool = True) -> Profile:
         reader.fieldnames = columns
         rows = list(reader)
     return parse_rows(rows, columns, str(path), require_latency)
+
+
+def metadata_path(csv_path: str | Path) -> Path:
+    """Where `slopilot profile` puts a profile's metadata: beside the CSV as PROFILE.meta.json, a name
+    a latency model fitted to the profile (PROFILE.json, PROFILE.model.json) does not take."""
+    return Path(csv_path).with_suffix(".meta.json")
+
+
+def read_metadata(csv_path: str | Path) -> dict | None:
+    """A profile's metadata, from PROFILE.meta.json or the older PROFILE.json (unless a latency model
+    was written over it); None when there is none."""
+    from simulator.latency.model import FORMAT
+
+    for path in (metadata_path(csv_path), Path(csv_path).with_suffix(".json")):
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{path}: not a JSON file ({exc})") from None
+            if isinstance(data, dict) and data.get("format") != FORMAT:
+                return data
+    return None
 
 
 def write_csv(path: str | Path, columns: list[str], rows: list[dict]) -> None:

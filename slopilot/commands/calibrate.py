@@ -1,4 +1,7 @@
-"""`slopilot calibrate PROFILE.csv -o MODEL.json`: fit a latency model, report its held-out error."""
+"""`slopilot calibrate PROFILE.csv [-o MODEL.json]`: fit a latency model, report its held-out error.
+
+The model goes to PROFILE.model.json unless -o says otherwise; a file that is not a latency model
+(the profile's metadata, PROFILE.meta.json or the older PROFILE.json) is never overwritten."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ HELP = "fit a step-latency model to a profile CSV; print held-out error per phas
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", type=Path, help="profile CSV (columns of DESIGN.md; extra columns allowed)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="model JSON to write")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="model JSON to write (default: PROFILE.model.json, beside the profile)")
     p.add_argument("--select", metavar="EXPR", help='use only the rows matching EXPR, e.g. "tp == 4" '
                    "(needed when the CSV holds several device/model/dtype/tp groups)")
     p.add_argument("--holdout-where", metavar="EXPR",
@@ -27,11 +31,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plot", action="store_true")
 
 
+def check_output(path: Path) -> None:
+    """-o may replace a latency model, never another file (a profile's metadata holds measurements)."""
+    import json
+
+    from simulator.latency.model import FORMAT
+
+    if not path.exists():
+        return
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if not (isinstance(data, dict) and data.get("format") == FORMAT):
+        metadata = isinstance(data, dict) and "engine" in data
+        what = "a profile's metadata" if metadata else "not a latency model"
+        raise ValueError(f"-o {path}: the file exists and is {what}; it is kept (give another -o, e.g. "
+                         f"{path.with_suffix('.model.json')})")
+
+
 def run(args: argparse.Namespace) -> int:
     from simulator.latency.fit import calibrate, format_errors
     from simulator.latency.profile import read_profile
     from simulator.latency.where import evaluate_where
 
+    args.output = args.output or args.profile.with_suffix(".model.json")
+    check_output(args.output)
     prof = read_profile(args.profile)
     if args.select:
         prof = prof.subset(evaluate_where(args.select, prof))

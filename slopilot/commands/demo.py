@@ -39,30 +39,20 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from simulator.report import summary_lines
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
-    sc = load_scenario(args.scenario)
-    if args.duration is not None:
-        sc.duration = args.duration
+    sc = load_scenario(args.scenario, duration=args.duration)
     t = time.perf_counter()
     res = simulate(sc, args.out, seed=args.seed, progress=sys.stderr.isatty())
     wall = time.perf_counter() - t
     s = res.summary
-    lat = s["latency"]
     print(f"simulated {s['simulated_until']:.0f} s of {sc.name} in {wall:.1f} s wall")
-    print(f"requests: {s['requests']['ok']}/{s['requests']['arrived']} ok, "
-          f"throughput {s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:.0f} output tokens/s")
-    for k in ("ttft", "tpot", "e2e"):
-        q = lat[k]
-        print(f"{k.upper():5s} p50 {q['p50']:.3f} s  p90 {q['p90']:.3f} s  p99 {q['p99']:.3f} s")
-    for name, v in s["slo"].items():
-        print(f"SLO {name} p{v['percentile']:g} <= {v['threshold']} s: {v['value_at_percentile']:.3f} s "
-              f"({'met' if v['met'] else 'MISSED'}), {100 * v['attainment']:.2f}% of requests within")
-    print(f"goodput {s['goodput_rps']:.2f} req/s; {s['replica_hours']:.1f} replica-hours, "
-          f"cost {s['cost']:.0f}")
+    for line in summary_lines(s):
+        print(line)
     print(f"report: {Path(args.out) / 'report.html'} (plots: replicas_vs_load.png, latency_over_time.png, "
-          "latency_cdfs.png)")
+          "latency_cdfs.png, queue_and_kv.png)")
     return 0
 
 

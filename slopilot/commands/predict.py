@@ -15,6 +15,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, help="CSV to write (default: stdout)")
 
 
+def mismatches(model, prof) -> list[str]:
+    """What the rows are that the model was not fitted on: another device, model, dtype or tp."""
+    out = []
+    for column, want in (("device", model.device), ("model", model.model), ("dtype", model.dtype),
+                         ("tp", str(model.tp))):
+        values = prof.text[column]
+        if column == "tp":
+            values = [str(int(float(v))) for v in values]
+        other = sorted(set(values) - {want})
+        if other:
+            n = sum(v != want for v in values)
+            out.append(f"{model} was fitted on {column} {want}, but {n} of {len(values)} rows are for "
+                       f"{column} {', '.join(other)}: their predictions are not calibrated")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import csv
 
@@ -26,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_latency_model(args.model)
     prof = read_profile(args.rows, require_latency=False)
+    for line in mismatches(model, prof):
+        print(f"warning: {line}", file=sys.stderr)
     pred = model.predict_profile(prof)
     columns = [c for c in prof.columns if c != "predicted_ms"] + ["predicted_ms"]
     out = open(args.output, "w", newline="") if args.output else sys.stdout

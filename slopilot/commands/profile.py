@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu), "
                         "float32, float16 or bfloat16")
-    parser.add_argument("--out", default="profile.csv", help="CSV path; the metadata goes beside it (.json)")
+    parser.add_argument("--out", default="profile.csv",
+                        help="CSV path; the metadata goes beside it (PROFILE.meta.json)")
     parser.add_argument("--quick", action="store_true", help="a small grid (tiny on CPU: seconds)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="largest decode batch (default 256 on cuda, 64 on cpu; 16 with --quick)")
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from engine import profiler as prof
     from engine.model import resolve_config
     from engine.model_runner import ModelRunner, resolve_dtype
+    from simulator.latency.profile import metadata_path
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available to this torch")
@@ -218,8 +220,8 @@ def run(args: argparse.Namespace) -> int:
                                  on_row=on_row)
     meta = metadata(runner, args, len(rows), started, load_before)
     meta["left_out_for_memory"] = [vars(s) for s in left_out]
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {len(rows)} rows to {out} (metadata: {out.with_suffix('.json')})")
+    metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {len(rows)} rows to {out} (metadata: {metadata_path(out)})")
     return 0
 
 
@@ -228,6 +230,7 @@ def run_live(args: argparse.Namespace, started: float, load_before: tuple) -> in
     from engine.live_profile import LoadSpec, live_profile
     from engine.llm import LLM
     from engine.profiler import CSV_COLUMNS
+    from simulator.latency.profile import metadata_path
 
     spec = LoadSpec(args.requests, args.rate, _range(args.prompt_tokens, "--prompt-tokens"),
                     _range(args.output_tokens, "--output-tokens"), args.seed)
@@ -253,8 +256,8 @@ def run_live(args: argparse.Namespace, started: float, load_before: tuple) -> in
                           statistic="one row a step", timing="time.perf_counter around LLMEngine.step")
     meta["from_run"] = {"load": asdict(spec), "wakeup_ms": prof.wakeup_ms,
                         "idle_arrivals": prof.idle_arrivals}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")
     wake = "n/a" if prof.wakeup_ms is None else f"{prof.wakeup_ms:.3f} ms"
-    print(f"wrote {len(prof.rows)} step rows to {out} (metadata: {out.with_suffix('.json')}); "
+    print(f"wrote {len(prof.rows)} step rows to {out} (metadata: {metadata_path(out)}); "
           f"idle wake-up {wake} (median of {prof.idle_arrivals} arrivals at an idle engine)")
     return 0

@@ -1,4 +1,4 @@
-"""`slopilot simulate SCENARIO.yaml --out DIR [--seed N]`."""
+"""`slopilot simulate SCENARIO.yaml --out DIR [--seed N] [--fail-on-slo-miss]`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import argparse
 import sys
 
 HELP = "simulate a fleet of engine replicas under a workload and an autoscaling policy"
+GUIDE = ("scenario reference and examples: docs/guide.md (Plan capacity with the simulator) and "
+         "docs/inputs.md; exit status 1 with --fail-on-slo-miss when an SLO was missed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = GUIDE
     parser.add_argument("scenario", help="scenario YAML file")
     parser.add_argument("--out", "-o", required=True, help="output folder (requests.csv, timeline.csv, ...)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
@@ -18,15 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-by-step", action="store_true", help="disable the closed-form fast path (slow; for checking)"
     )
+    parser.add_argument("--fail-on-slo-miss", action="store_true",
+                        help="exit with status 1 when the run missed any of the scenario's SLOs (for CI)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from simulator.report import slos_missed, summary_lines
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
-    sc = load_scenario(args.scenario)
-    if args.duration is not None:
-        sc.duration = args.duration
+    sc = load_scenario(args.scenario, duration=args.duration)
     res = simulate(
         sc,
         args.out,
@@ -35,15 +39,8 @@ def run(args: argparse.Namespace) -> int:
         fast=not args.step_by_step,
         plots=not args.no_plots,
     )
-    s = res.summary
-    nan = float("nan")
-    ttft, tpot = s["latency"]["ttft"], s["latency"]["tpot"]
-    print(f"{s['requests']['ok']}/{s['requests']['arrived']} requests ok")
-    print(f"TTFT p50/p90 {ttft.get('p50', nan):.3f}/{ttft.get('p90', nan):.3f} s; "
-          f"TPOT p50/p90 {tpot.get('p50', nan):.4f}/{tpot.get('p90', nan):.4f} s")
-    if s["slo_attainment_joint"] is not None:
-        print(f"SLO attainment (all SLOs): {s['slo_attainment_joint']:.4f}; "
-              f"goodput {s['goodput_rps']:.3f} req/s")
-    print(f"replica-hours {s['replica_hours']:.3f}, cost {s['cost']:.2f}, scale events {s['scale_events']}")
-    print(f"wrote {args.out}/requests.csv, timeline.csv, summary.json, report.html")
-    return 0
+    for line in summary_lines(res.summary):
+        print(line)
+    print(f"wrote {args.out}/requests.csv, timeline.csv, summary.json, report.html"
+          + ("" if args.no_plots else " and the plots"))
+    return 1 if args.fail_on_slo_miss and slos_missed(res.summary) else 0
