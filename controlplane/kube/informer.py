@@ -84,11 +84,15 @@ class Informer:
                     stop.wait(min(self.resync, 30.0))
                 backoff = 1.0
             except ApiException as exc:
+                if stop.is_set():
+                    return
                 if exc.status != 410:
                     log.warning("%s: list/watch failed: %s %s", self.res.plural, exc.status, exc.reason)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
             except Exception as exc:  # connection trouble: back off and list again
+                if stop.is_set():
+                    return
                 log.warning("%s: list/watch failed: %s", self.res.plural, exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)

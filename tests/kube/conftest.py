@@ -206,3 +206,86 @@ def pytest_collection_modifyitems(items):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "audit_last: runs after every other test (reads the session's audit)")
+
+
+class MetricsPage:
+    """An engine's /metrics page with a settable waiting queue, and a ready Pod pointing at it."""
+
+    def __init__(self, waiting: float = 0.0, model: str = "llama"):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.waiting, self.model = waiting, model
+        page = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = (f'# TYPE vllm:num_requests_waiting gauge\n'
+                        f'vllm:num_requests_waiting{{model_name="{page.model}"}} {page.waiting}\n').encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def pod(self, cluster: Cluster, namespace: str, name: str, labels: dict) -> None:
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                       "spec": {"containers": [{"name": "engine", "image": "x",
+                                                "ports": [{"name": "http", "containerPort": self.port}]}]}},
+                      namespace)
+        pods = cluster.store.types[("", "pods")]
+        pod = cluster.store.get(pods, namespace, name)
+        pod["status"] = {"phase": "Running", "podIP": "127.0.0.1",
+                         "conditions": [{"type": "Ready", "status": "True"}]}
+        cluster.store.update(pods, namespace, name, pod, "status")
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def metrics_page():
+    pages = []
+
+    def make(waiting: float = 0.0) -> MetricsPage:
+        pages.append(MetricsPage(waiting))
+        return pages[-1]
+
+    yield make
+    for p in pages:
+        p.close()
+
+
+def deployment(name: str, replicas: int = 1, ready: int | None = None) -> dict:
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai"}]}}}}
+
+
+def set_ready(cluster: Cluster, namespace: str, name: str, ready: int, plural: str = "deployments") -> None:
+    """Plays the workload controller: status.replicas and readyReplicas."""
+    t = cluster.store.types[("apps", plural)]
+    obj = cluster.store.get(t, namespace, name)
+    obj["status"] = {"replicas": obj["spec"]["replicas"], "readyReplicas": ready}
+    obj["metadata"].pop("resourceVersion")
+    cluster.store.update(t, namespace, name, obj, "status")
+
+
+def queue_autoscaler(name: str, target: str, threshold: float = 2, max_replicas: int = 5, poll: float = 0.5,
+                     kind: str = "Deployment", api_version: str = "apps/v1", **extra) -> dict:
+    """An InferenceAutoscaler with KEDA's semantics on the waiting queue (scraped from the pods)."""
+    keda = {"cooldownPeriod": 5, "triggers": [{"type": "prometheus", "name": "queue", "metadata": {
+        "query": "sum(vllm:num_requests_waiting)", "threshold": str(threshold)}}], **extra}
+    return {"apiVersion": "slopilot.dev/v1alpha1", "kind": "InferenceAutoscaler", "metadata": {"name": name},
+            "spec": {"scaleTargetRef": {"apiVersion": api_version, "kind": kind, "name": target},
+                     "minReplicas": 1, "maxReplicas": max_replicas, "pollingInterval": poll,
+                     "policy": {"type": "keda", "keda": keda}}}
