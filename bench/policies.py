@@ -39,7 +39,6 @@ from simulator.report import request_table, slo_meets  # noqa: E402
 from simulator.run import build_workload, simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 
-GPUS_PER_REPLICA = 4
 STARTUP = 120.0
 TTFT_SLO, TPOT_SLO = 2.0, 0.1
 POOL = {
@@ -51,14 +50,15 @@ POOL = {
     "max_model_len": 16384,
     "prefix_caching": False,
     "kv_memory": {"gpu_memory_gib": 74.5, "num_gpus": 4, "weights_gib": 130.4, "kv_bytes_per_token": 327680},
-    "startup_delay": STARTUP,
+    "provisioning_delay": STARTUP,
     "cost_per_hour": 39.2,
 }
+GPUS_PER_REPLICA = POOL["kv_memory"]["num_gpus"]  # the oracle's; runs read theirs from the summary
 LENGTHS = {
     "prompt_tokens": {"dist": "lognormal", "mean": 1155, "median": 1020, "max": 8000},
     "output_tokens": {"dist": "lognormal", "mean": 211, "median": 129, "max": 2048},
 }
-SLO = {"ttft": {"threshold": TTFT_SLO, "percentile": 90}, "tpot": {"threshold": TPOT_SLO, "percentile": 90}}
+SLO = {"ttft": {"seconds": TTFT_SLO, "percentile": 90}, "tpot": {"seconds": TPOT_SLO, "percentile": 90}}
 
 
 def scenario(hours: float, autoscaler: dict, replicas: int = 4) -> dict:
@@ -182,7 +182,7 @@ def capacity_per_replica(replicas: int = 4, minutes: float = 15) -> float:
             "seed": 3,
             "duration": minutes * 60,
             "workload": {"arrivals": {"process": "gamma", "cv": 1.09, "rate": mid * replicas}, **LENGTHS},
-            "pools": [dict(POOL, replicas=replicas, startup_delay=0)],
+            "pools": [dict(POOL, replicas=replicas, provisioning_delay=0)],
             "router": {"policy": "least_outstanding"},
             "slo": SLO,
             "drain": {"max": 600},
@@ -262,7 +262,7 @@ def summarize(name: str, res, wall: float, bursts: list[tuple[float, float]] = (
         "window_attainment": s["slo_window_attainment"],
         "ttft_p90": s["slo"]["ttft"]["value_at_percentile"],
         "tpot_p90": s["slo"]["tpot"]["value_at_percentile"],
-        "gpu_hours": s["replica_hours"] * GPUS_PER_REPLICA,
+        "gpu_hours": s["costs"]["gpu_hours"],  # replica-hours x the pool's GPUs a replica
         "scale_events": s["scale_events"],
         "wall_s": wall,
         "timeline": [
