@@ -26,7 +26,7 @@ from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
-from controlplane.router.proxy import error_response, forward, forward_headers
+from controlplane.router.proxy import error_response, forward, forward_headers, upstream_session
 
 MAX_BODY_BYTES = 4 * 2**20
 PRIORITY_HEADER = "x-slopilot-priority"
@@ -43,7 +43,8 @@ class RouterState:
         uses_prefix = self.gate.router.uses_prefix
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # metrics, health, models
+        self.session = None  # the proxy's aiohttp session
 
 
 def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, api_key: str | None = None,
@@ -53,9 +54,10 @@ def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, ap
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         timeout = httpx.Timeout(None, connect=cfg.connect_timeout)
         st.client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        st.session = upstream_session(cfg.connect_timeout)
         stop = asyncio.Event()
         await st.pool.refresh(st.client)  # know the endpoints before the first request
         task = asyncio.create_task(st.pool.run(st.client, stop))
@@ -63,6 +65,7 @@ def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, ap
         stop.set()
         await task
         await st.client.aclose()
+        await st.session.close()
 
     app = FastAPI(title="slopilot router", lifespan=lifespan)
     app.state.router = st
@@ -98,7 +101,7 @@ def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, ap
         p = Pending(hashes, tokens, h.get(cfg.session_header), priority, model, time.monotonic())
         try:
             await st.gate.acquire(p)
-            return await forward(st.gate, st.client, p, path, body, forward_headers(h, st.upstream_key),
+            return await forward(st.gate, st.session, p, path, body, forward_headers(h, st.upstream_key),
                                  bool(data.get("stream")))
         except Refused as exc:
             st.metrics.errors.labels(model, str(priority), str(exc.status)).inc()

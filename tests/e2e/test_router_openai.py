@@ -110,7 +110,10 @@ def test_bad_requests_get_openai_errors(emulated_servers):
         assert r.status_code == 400 and "error" in r.json()  # the engine's own 400, passed back
 
 
-async def _streams(base: str, n: int, max_tokens: int = 16) -> list[tuple[str, int | None]]:
+async def _streams(base: str, n: int, max_tokens: int = 16, started: list | None = None
+                   ) -> list[tuple[str, int | None]]:
+    """n concurrent streams; (outcome, completion tokens) each; `started` gets an entry per stream
+    at its first chunk."""
     client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
 
     async def one(i: int):
@@ -118,7 +121,11 @@ async def _streams(base: str, n: int, max_tokens: int = 16) -> list[tuple[str, i
             s = await client.completions.create(
                 model="llama2-70b", prompt=f"request {i} " * 20, max_tokens=max_tokens, stream=True,
                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            chunks = [c async for c in s]
+            chunks = []
+            async for c in s:
+                if not chunks and started is not None:
+                    started.append(i)
+                chunks.append(c)
             return "ok", chunks[-1].usage.completion_tokens
         except openai.APIError as exc:
             return type(exc).__name__, None
@@ -152,17 +159,22 @@ def _killed_under_load(urls: list[str], victim: Engine) -> None:
     cfg = {"kind": "EndpointPickerConfig", "dataLayer": {"healthCheckInterval": "200ms"}}
     with start_router(urls, cfg) as router:
         async def run():
-            load = asyncio.create_task(_streams(router.url, 120, max_tokens=200))
-            await asyncio.sleep(1.0)
+            started: list[int] = []
+            load = asyncio.create_task(_streams(router.url, 120, max_tokens=300, started=started))
+            while len(started) < 90:  # most streams are under way, about a third on the victim
+                await asyncio.sleep(0.05)
+            running = router.state.pool.endpoints[urls[0]].outstanding
             victim.proc.kill()  # mid-load: some streams were running on it
+            print(f"killed an engine with {running} streams in flight on it")
             return await load
 
         results = asyncio.run(run())
         ok = [r for r in results if r[0] == "ok"]
         broken = [r for r in results if r[0] != "ok"]
+        print(f"{len(ok)} streams completed, {len(broken)} ended with an error event")
         # every request that had not started streaming went elsewhere; only streams running on the
         # killed engine ended, each with an error event (APIError from the client's stream)
-        assert len(ok) + len(broken) == 120 and all(r == ("ok", 200) for r in ok)
+        assert len(ok) + len(broken) == 120 and all(r == ("ok", 300) for r in ok)
         assert 0 < len(broken) <= router.state.pool.endpoints[urls[0]].served
         assert all(name == "APIError" for name, _ in broken), broken[:3]
         ep = router.state.pool.endpoints[urls[0]]

@@ -1,0 +1,135 @@
+"""The router's added latency and CPU: routed vs direct, streaming, in the same run over loopback.
+
+Emulated engines (`serve --emulate`) in their own processes, the router (`slopilot route`, default
+config: queue, KV and prefix scorers, 100 ms metric refresh) in its own, and one asyncio client (aiohttp)
+sending Poisson arrivals at each rate; every arrival goes at random to the router or straight to an
+engine (round robin), so both paths see the same engine load at the same moments. Prints, per
+rate, TTFT p50/p99 of each path and their difference (what the router adds), and the router
+process's CPU seconds per routed request (its /proc counters, the 100 ms scrapes included).
+
+    .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--engines 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "h100-llama2-70b-tp4"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", *args, "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{' '.join(args)} did not start")
+        time.sleep(0.1)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one(client: aiohttp.ClientSession, url: str, body: dict) -> float | None:
+    t0 = time.perf_counter()
+    async with client.post(url + "/v1/completions", json=body) as r:
+        ttft = None
+        async for chunk in r.content.iter_any():
+            if ttft is None and chunk:
+                ttft = time.perf_counter() - t0
+        return ttft if r.status == 200 else None
+
+
+async def run_rate(router: str, engines: list[str], rate: float, duration: float, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / rate, int(rate * duration * 1.2) + 10)
+    times = np.cumsum(gaps)
+    times = times[times < duration]
+    routed = rng.random(len(times)) < 0.5
+    body = {"prompt": "hello " * 32, "max_tokens": 4, "ignore_eos": True, "stream": True}
+    out: dict[str, list] = {"routed": [], "direct": []}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
+        async def send(i: int):
+            url = router if routed[i] else engines[i % len(engines)]
+            out["routed" if routed[i] else "direct"].append(await one(client, url, body))
+
+        await asyncio.gather(*(send(i) for i in range(min(20, len(times)))))  # warm the connections
+        out = {"routed": [], "direct": []}
+        tasks, t0 = [], time.perf_counter()
+        for i, t in enumerate(times):
+            await asyncio.sleep(max(0.0, t0 + t - time.perf_counter()))
+            tasks.append(asyncio.create_task(send(i)))
+        await asyncio.gather(*tasks)
+        lag = time.perf_counter() - t0 - duration
+    return {k: [x for x in v if x is not None] for k, v in out.items()} | {"sent": len(times),
+                                                                            "lag": lag}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", type=float, nargs="+", default=[50, 200, 500])
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per rate")
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    procs = []
+    try:
+        engines = []
+        for _ in range(args.engines):
+            proc, url = spawn(["serve", "--emulate", MODEL, "--max-num-seqs", "256",
+                               "--log-level", "warning"])
+            procs.append(proc)
+            engines.append(url)
+        rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), [])])
+        procs.append(rproc)
+        print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid}; streaming, "
+              "4 output tokens")
+        print("rate  | sent | TTFT p50 direct / routed / added | TTFT p99 direct / routed / added "
+              "| router CPU/request | client lag")
+        for rate in args.rates:
+            cpu0 = cpu_seconds(rproc.pid)
+            r = asyncio.run(run_rate(router, engines, rate, args.duration, args.seed))
+            cpu = cpu_seconds(rproc.pid) - cpu0
+            d, t = np.array(r["direct"]) * 1000, np.array(r["routed"]) * 1000
+            p50 = (np.percentile(d, 50), np.percentile(t, 50))
+            p99 = (np.percentile(d, 99), np.percentile(t, 99))
+            print(f"{rate:5.0f} | {r['sent']:4d} "
+                  f"| {p50[0]:6.2f} / {p50[1]:6.2f} / {p50[1] - p50[0]:+6.2f} ms "
+                  f"| {p99[0]:6.2f} / {p99[1]:6.2f} / {p99[1] - p99[0]:+6.2f} ms "
+                  f"| {cpu / max(len(t), 1) * 1000:5.2f} ms | {r['lag']:.2f} s", flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
