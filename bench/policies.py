@@ -1,4 +1,4 @@
-"""Autoscaling policies on the fleet simulator (issue 5, must-show 3).
+"""Autoscaling policies on the fleet simulator.
 
 A 6-hour diurnal workload with two bursts (3x within 2 minutes) of Azure-like conversation requests
 on H100 Llama-2-70B TP4 replicas that take 2 minutes to start. For each policy -- static peak
