@@ -208,38 +208,53 @@ KEDA_QUEUE = {
 QUEUE_RAMP = [[0, 1], [6, 1], [12, 10], [22, 10], [22.01, 0], [24, 0]]
 
 
-@pytest.mark.timeout(240)
-def test_keda_queue_scales_up_on_the_crossing_and_down_after_stabilization(tmp_path):
-    cfg = load_fleet_config(fleet_config(KEDA_QUEUE, QUEUE_RAMP))
+def check_scale_ups(orders, series, level_of, t0: float, what: str) -> None:
+    """Each scale-up from n replicas ordered within two polls of the series crossing level_of(n) (for
+    at least a poll), counted from when the count became n if it was already above then."""
+    became = t0
+    print(f"{'from':>4} {'to':>3} {'level':>7} {'crossed (s)':>11} {'ordered (s)':>11} {'lag (s)':>7}")
+    for t, a, b, _ in orders:
+        if b > a:
+            after = [(u, v) for u, v in series if u >= became]
+            crossing = first_sustained(after, level_of(a), POLL)
+            assert crossing is not None, f"scale-up {a} -> {b} at {t - t0:.1f} s without a crossing of {what}"
+            print(f"{a:>4} {b:>3} {level_of(a):>7.2f} {crossing - t0:>11.1f} {t - t0:>11.1f} "
+                  f"{t - crossing:>+7.2f}")
+            assert t - crossing <= 2 * POLL, f"scale-up {a} -> {b}: {t - crossing:.2f} s after the crossing"
+        became = t
+
+
+def run_keda_queue(tmp_path: Path, ramp: list[list[float]], max_replicas: int) -> None:
+    """The KEDA queue ScaledObject on a local fleet under `ramp`; checks and prints the figures."""
+    spec = {**KEDA_QUEUE, "spec": {**KEDA_QUEUE["spec"], "maxReplicaCount": max_replicas}}
+    cfg = load_fleet_config({**fleet_config(spec, ramp), "max_replicas": max_replicas})
     window = 10.0
     threshold = 4.0
     with LocalRun(cfg, tmp_path, rate_window=10.0) as run:
         t0 = run.started
         log = tmp_path / "decisions.csv"
-        # up, and back to the minimum once the load is gone
-        rows = wait_rows(log, lambda rs: any(int(r["desired_replicas"]) > 1 for r in rs), 90, "scale-up")
-        rows = wait_rows(log, lambda rs: (lambda o: bool(o) and o[-1][2] == 1)(scale_orders(rs)), 90,
-                         "scale-down to 1")
+        # up, and back to the minimum once the load is over
+        wait_rows(log, lambda rs: any(int(r["desired_replicas"]) > 1 for r in rs), 90, "scale-up")
+        wait_rows(log, lambda rs: run.load_result is not None, ramp[-1][0] + 60, "the load's end")
+        load_end = time.time()
+        rows = wait_rows(log, lambda rs: (lambda o: bool(o) and o[-1][2] == 1 and o[-1][0] > load_end - 20)(
+            scale_orders(rs)), 90, "scale-down to 1")
         end = time.time()
         prom = run.prometheus.url
         series = query_range(prom, "sum(vllm:num_requests_waiting)", t0, end)
         replicas = query_range(prom, 'count(up{job="engines"} == 1)', t0, end, 1.0)
+        requests = run.load_result.summary()
     print_timeline(rows, t0, ["queue"])
     orders = scale_orders(rows)
-    print("scale orders:", [(round(t - t0, 1), a, b) for t, a, b, _ in orders])
-    print("replicas Prometheus scraped over time:", [(round(t - t0), int(v)) for t, v in replicas[::5]])
+    print("scale orders (s, from, to):", [(round(t - t0, 1), a, b) for t, a, b, _ in orders])
+    print("engines Prometheus scraped, every 4 s:", [int(v) for _, v in replicas[::4]])
+    print(f"requests: {requests['ok']}/{requests['requests']} ok, TTFT p90 {requests['ttft_s']['p90']:.2f} s")
+    assert max(b for _, _, b, _ in orders) >= 2 and max(v for _, v in replicas) >= 2
 
-    # the HPA acts when queue / (threshold * current) leaves the tolerance (0.1) band
-    level = threshold * 1 * 1.1
-    raw = first_sustained(series, threshold, 0.0)
-    crossing = first_sustained(series, level, POLL)
-    up_t = next(t for t, a, b, _ in orders if b > a)
-    print(f"queue > {threshold:g} first at {raw - t0:.1f} s; > {level:g} (tolerance) for a poll from "
-          f"{crossing - t0:.1f} s; scale-up ordered at {up_t - t0:.1f} s: {up_t - crossing:+.2f} s "
-          f"(bound {2 * POLL:g} s)")
-    assert crossing is not None and up_t - crossing <= 2 * POLL
+    # the HPA acts when queue / (threshold * current) leaves its tolerance band (0.1)
+    check_scale_ups(orders, series, lambda n: threshold * n * 1.1, t0, "the queue")
 
-    # idle: the queue stays at or below one replica's share; the scale to 1 waits the window
+    # idle: the queue at or below one replica's share; the scale to 1 waits the stabilization window
     quiet = quiet_since(series, threshold)
     down_t = orders[-1][0]
     print(f"queue <= {threshold:g} from {quiet - t0:.1f} s; scale-down to 1 ordered at {down_t - t0:.1f} s: "
@@ -249,6 +264,19 @@ def test_keda_queue_scales_up_on_the_crossing_and_down_after_stabilization(tmp_p
 
     n = assert_three_places(run.spec_path, log)
     print(f"{n} decisions identical live, in `slopilot replay` and in the simulator step")
+
+
+@pytest.mark.timeout(240)
+def test_keda_queue_scales_up_on_the_crossing_and_down_after_stabilization(tmp_path):
+    run_keda_queue(tmp_path, QUEUE_RAMP, max_replicas=3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_keda_queue_two_waves_up_to_four_engines(tmp_path):
+    # two waves, the second steeper, with a lull between them long enough to scale down
+    ramp = [[0, 1], [6, 1], [14, 12], [30, 12], [31, 1], [55, 1], [62, 15], [80, 15], [80.01, 0], [82, 0]]
+    run_keda_queue(tmp_path, ramp, max_replicas=4)
 
 
 SLO_MODEL = {
