@@ -17,6 +17,7 @@ import simpy
 from engine.core.scheduler import RequestRejected
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
+from simulator.flow import GatewayQueue, pump
 from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
 from simulator.replica import Replica
@@ -88,6 +89,15 @@ class Fleet:
             kv_threshold=r["kv_threshold"],
             queue_threshold=r["queue_threshold"],
         )
+        fc = r.get("flow_control")
+        self.flow = GatewayQueue(fc["bands"]) if fc else None  # the gateway queue, when the router has one
+        if fc:
+            self.detector, self.flow_interval = fc["detector"], to_ps(fc["interval"])
+            self.band_rng = np.random.default_rng(ss.spawn(1)[0])  # after the three above: they keep theirs
+            self.band_cdf = np.cumsum(fc["shares"]) / sum(fc["shares"])
+            self.flow_bands = fc["bands"]  # in the scenario's order, as the shares
+            self.flow_refused = self.flow_expired = 0
+            self.band = np.full(len(workload), -1, dtype=np.int64)  # each request's band priority
         self.store = MetricStore(retention=max(4 * scenario.rate_window, 600.0))
         models = models or {}
         self.pools: list[Pool] = []
@@ -150,6 +160,8 @@ class Fleet:
         backlog, self.backlog = self.backlog, []
         for seq in backlog:
             self.route(seq)
+        if self.flow is not None:
+            self.pump()
 
     def on_gone(self, rep: Replica) -> None:
         self.router.forget(rep.id)
@@ -170,17 +182,45 @@ class Fleet:
         return SimSequence(i, ids, int(wl.output[i]), int(self.arrival_ps[i]))
 
     def route(self, seq: SimSequence) -> None:
+        if self.flow is not None:
+            return self.hold(seq)
         if not self.ready:
             self.backlog.append(seq)
             return
-        k = self.router.pick(self.ready, seq.token_ids if self.router.uses_prefix else None)
-        rep = self.ready[k]
+        self.send(seq, self.ready)
+
+    def send(self, seq: SimSequence, candidates: list[Replica]) -> None:
+        k = self.router.pick(candidates, seq.token_ids if self.router.uses_prefix else None)
+        rep = candidates[k]
         seq.replica_arrival = self.env.now
         self.requests.routed(seq.index, rep.id, rep.pool.index)
         try:
             rep.submit(seq)
         except RequestRejected:
             self.requests.rejected(seq.index)
+
+    # -- the gateway queue (flow control) -----------------------------------------------------------
+    def hold(self, seq: SimSequence) -> None:
+        band = self.flow_bands[int(np.searchsorted(self.band_cdf, self.band_rng.random(), side="right"))]
+        self.band[seq.index] = band.priority
+        if self.flow.offer(seq, band.priority, seconds(self.env.now)) is None:
+            self.flow_refused += 1  # the band is full: a 429 at the router
+            self.requests.rejected(seq.index)
+            return
+        self.pump()
+
+    def pump(self) -> None:
+        for held in pump(self.flow, self.detector, self.ready, lambda h, room: self.send(h.item, room),
+                         seconds(self.env.now)):
+            self.flow_expired += 1  # waited past its band's TTL: a 503 at the router
+            self.requests.rejected(held.item.index)
+
+    def _flow_pump(self):
+        """Dispatches as capacity frees and expires what waited too long (replicas never call in)."""
+        while True:
+            yield self.env.timeout(self.flow_interval)
+            if len(self.flow):
+                self.pump()
 
     def _arrivals(self):
         env = self.env
@@ -203,6 +243,8 @@ class Fleet:
                 self._new_replica(pool, immediate=True)
         arrivals = env.process(self._arrivals())
         env.process(scrape_process(self))
+        if self.flow is not None:
+            env.process(self._flow_pump())
         for pool in self.pools:
             env.process(autoscaler_process(self, pool))
         bar = progress_bar(self.horizon) if self.progress else None

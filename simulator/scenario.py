@@ -20,6 +20,7 @@ from autoscaler.spec import load_spec
 from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
 from simulator.dists import Dist
+from simulator.flow import Band, SaturationDetector
 from simulator.router import Router
 from simulator.scenario_limits import MAX_DURATION, MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
@@ -278,4 +279,18 @@ def _router(r: dict) -> dict:
         # from a client's send to the request's arrival at a replica (network, gateway, HTTP parsing);
         # part of every TTFT and E2E
         "latency_ms": float(o["latency_ms"]),
+        **({"flow_control": _flow_control(o["flow_control"])} if "flow_control" in o else {}),
     }
+
+
+def _flow_control(f: dict) -> dict:
+    """The gateway queue's settings, defaults filled (simulator.flow)."""
+    bands = [Band(int(b["priority"]), int(b.get("capacity", Band.capacity)), float(b.get("ttl", Band.ttl)),
+                  str(b.get("name", ""))) for b in f.get("bands", [{"priority": 0}])]
+    shares = [float(b.get("share", 1.0 / len(bands))) for b in f.get("bands", [{"priority": 0}])]
+    if len({b.priority for b in bands}) != len(bands):
+        raise ValueError("router.flow_control.bands: priorities must be distinct")
+    detector = SaturationDetector(int(f.get("queue_threshold", SaturationDetector.queue_threshold)),
+                                  float(f.get("kv_threshold", SaturationDetector.kv_threshold)))
+    interval = float(f.get("interval", 0.01))  # seconds between dispatch rounds as capacity frees
+    return {"bands": bands, "shares": shares, "detector": detector, "interval": interval}

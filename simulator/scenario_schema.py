@@ -229,6 +229,16 @@ ROUTER = mapping(
         "kv_threshold": POS,
         "queue_threshold": COUNT0,
         "latency_ms": NONNEG,
+        # a gateway queue in front of the replicas (simulator.flow): requests wait there while every
+        # replica is saturated, highest band first; `share` is the fraction of requests in a band
+        "flow_control": mapping({
+            "queue_threshold": COUNT1,
+            "kv_threshold": FRACTION,
+            "interval": POS,
+            "bands": {"type": "array", "minItems": 1, "items": mapping(
+                {"priority": {"type": "integer"}, "name": STR, "capacity": COUNT1, "ttl": POS,
+                 "share": {"type": "number", "minimum": 0, "maximum": 1}}, ("priority",))},
+        }),
     }
 )
 
