@@ -38,6 +38,7 @@ from tests.e2e.test_control_e2e import (
     POLL,
     decisions,
     print_timeline,
+    query_range,
     read_log,
     replay_cli,
     simulator_step,
@@ -238,9 +239,12 @@ def test_prometheus_outage_fallback_or_hold_then_resume_and_failed_scales_retrie
             wait_rows(ctl.log(name), lambda rs: any(float(r["time"]) > t_ready and r["demand"] == "4.0"
                                                      and int(r["desired_replicas"]) == 2 for r in rs),
                       40, f"{name}: back to 2 after the restart")
+        # the restarted server kept its data (same folder): the samples from before the outage are there
+        kept = query_range(prom.url, QUERY, t0, t_stop, 1.0)
     finally:
         code = ctl.stop(signal.SIGTERM)
     assert code == 0, ctl.output()[-3000:]
+    assert len(kept) >= (t_stop - t0) - 3 and {v for _, v in kept} == {4.0}
 
     print(f"Prometheus stopped at {t_stop - t0:.1f} s, restarted at {t_restart - t0:.1f} s "
           f"(ready after {t_ready - t_restart:.1f} s)")
