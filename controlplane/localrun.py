@@ -1,6 +1,7 @@
 """Everything `slopilot fleet up` starts, in one object: a local fleet of engine processes, a real
-Prometheus scraping them, the controller scaling the fleet with the FLEET.yaml's autoscaler, and the
-optional built-in load.
+Prometheus scraping them, the controller scaling the fleet with the FLEET.yaml's autoscaler, the
+optional router in front of the replicas (FLEET.yaml `router:`; its metrics scraped by the same
+Prometheus, the load sent through it) and the optional built-in load.
 
     with LocalRun(load_fleet_config("examples/fleet_local.yaml"), "out/fleet") as run:
         run.wait()          # until the load ends (or stop() from a signal handler)
@@ -25,8 +26,11 @@ from controlplane.dashboard import Dashboard
 from controlplane.decision_log import DecisionLog
 from controlplane.fleet import LocalFleet
 from controlplane.fleet.config import FleetConfig
+from controlplane.fleet.file_sd import write_file_sd
 from controlplane.loadgen import LoadGenerator
 from controlplane.prometheus_server import PrometheusServer
+from controlplane.router.app import build_router_app
+from controlplane.router.server import RouterServer
 from controlplane.sources import PrometheusSource
 from controlplane.state import StateStore
 from controlplane.telemetry import Telemetry
@@ -47,6 +51,7 @@ class LocalRun:
         self.load: LoadGenerator | None = None
         self.load_result = None
         self.dashboard: Dashboard | None = None
+        self.router: RouterServer | None = None
         self._threads: list[threading.Thread] = []
         self.started = 0.0
         self.final_frame: str | None = None
@@ -58,8 +63,15 @@ class LocalRun:
         self._write_spec()
         self.fleet = LocalFleet(cfg, out / "fleet", wait_ready=False)
         self.fleet.start()
+        sd_file = self.fleet.file_sd_path
+        if cfg.router is not None:  # in front of the ready replicas; Prometheus scrapes it too
+            self.router = RouterServer(build_router_app(cfg.router, self.fleet.endpoints, pool_name=cfg.name))
+            self.router.start()
+            sd_file = out / "prometheus_targets.json"
+            self._merge_targets(sd_file)
+            self._thread(self._follow_targets, sd_file)
         self.prometheus = PrometheusServer(scrape_interval=cfg.scrape_interval, data_dir=out / "prometheus",
-                                           sd_file=self.fleet.file_sd_path).start()
+                                           sd_file=sd_file).start()
         spec = cfg.autoscaler
         model = None
         if spec.policy_type == "sloModel":  # the emulated replicas' own step-time model
@@ -77,7 +89,8 @@ class LocalRun:
         self.started = time.time()
         self._thread(Controller([self.loop], telemetry=self.telemetry).run, self.stopping)
         if self.with_load and cfg.load is not None:
-            self.load = LoadGenerator(cfg.load, self.fleet.endpoints)
+            entry = (lambda: [self.router.url]) if self.router is not None else self.fleet.endpoints
+            self.load = LoadGenerator(cfg.load, entry)
             self._thread(self._run_load)
         return self
 
@@ -85,6 +98,19 @@ class LocalRun:
         t = threading.Thread(target=fn, args=args, daemon=True)
         t.start()
         self._threads.append(t)
+
+    def _merge_targets(self, path: Path, last: dict | None = None) -> dict:
+        """The fleet's scrape targets plus the router's, written to `path` when they change."""
+        targets = {**self.fleet.targets(),
+                   self.router.url.split("://", 1)[1]: {"fleet": self.cfg.name, "replica": "router"}}
+        if targets != last:
+            write_file_sd(path, targets)
+        return targets
+
+    def _follow_targets(self, path: Path) -> None:
+        last = None
+        while not self.stopping.wait(0.5):
+            last = self._merge_targets(path, last)
 
     def _run_load(self) -> None:
         self.load_result = self.load.run()
@@ -121,6 +147,8 @@ class LocalRun:
             self.load.stop()
         for t in self._threads:
             t.join(timeout=30)
+        if self.router is not None:
+            self.router.stop()
         if self.fleet is not None:
             self.fleet.stop()
         if self.prometheus is not None:

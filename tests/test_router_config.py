@@ -123,3 +123,20 @@ def test_example_scaledobject_reads_metrics_the_router_exports():
     for trigger in spec.doc["spec"]["triggers"]:
         for name in metric_names(parse(trigger["metadata"]["query"])):
             assert f"\n{name}{{" in page
+
+
+def test_fleet_file_asks_for_the_router(tmp_path):
+    from controlplane.fleet import load_fleet_config
+
+    base = {"name": "f", "emulate": "h100-llama2-70b-tp4", "replicas": 1, "max_replicas": 2}
+    assert load_fleet_config(base).router is None
+    assert load_fleet_config({**base, "router": True}).router == RouterConfig()
+    inline = {"kind": "EndpointPickerConfig", "plugins": [{"type": "round-robin-picker"}]}
+    assert load_fleet_config({**base, "router": inline}).router.policy == "round_robin"
+    (tmp_path / "r.yaml").write_text((EXAMPLES / "router_flow.yaml").read_text())
+    (tmp_path / "fleet.yaml").write_text("name: f\nemulate: h100-llama2-70b-tp4\nrouter: r.yaml\n")
+    assert load_fleet_config(tmp_path / "fleet.yaml").router.flow_control
+    with pytest.raises(ValueError, match="router: no such router config file"):
+        load_fleet_config({**base, "router": "missing.yaml"})
+    with pytest.raises(ValueError, match=r"router.plugins\[0\].type"):
+        load_fleet_config({**base, "router": {"kind": "EndpointPickerConfig", "plugins": [{"type": "x"}]}})

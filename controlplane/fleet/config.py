@@ -11,6 +11,8 @@
     scrape_interval: 5                 # seconds between metric scrapes (Prometheus and direct)
     autoscaler: keda_queue.yaml        # a one-document spec file (ScaledObject or InferenceAutoscaler)
                                        # or the spec inline
+    router: true                       # optional: the router in front of the replicas (or a ROUTER.yaml
+                                       # path, or an inline EndpointPickerConfig); the load goes through it
     load:                              # see controlplane.loadgen.LoadSpec.parse
       arrivals: {piecewise: [[0, 1], [60, 8], [120, 1]]}
       output_tokens: 64
@@ -30,6 +32,7 @@ from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
 from controlplane.fleet.schema import FLEET
 from controlplane.loadgen import LoadSpec
+from controlplane.router.config import RouterConfig, load_router_config
 from simulator.scenario_schema import resolve
 
 RESERVED = {"host", "port", "emulate", "model", "drain_timeout"}  # serve flags the fleet sets itself
@@ -50,6 +53,7 @@ class FleetConfig:
     autoscaler: Spec | None = None  # the validated ScaledObject / InferenceAutoscaler
     autoscaler_path: str | None = None  # its file, when it was given as one
     load: LoadSpec | None = None
+    router: RouterConfig | None = None  # the router in front of the fleet, when asked for
     source: str = "FLEET"  # the file it came from, for messages
 
     def serve_args(self, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -121,7 +125,22 @@ def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | Non
             setattr(cfg, key, float(d[key]))
     if "load" in d:
         cfg.load = LoadSpec.parse(doc.at("load"))
+    cfg.router = _router(doc, base)
     return cfg
+
+
+def _router(doc: Document, base: Path) -> RouterConfig | None:
+    value = doc.data.get("router", False)
+    if value is False:
+        return None
+    if value is True:
+        return load_router_config(None)
+    if isinstance(value, dict):
+        return load_router_config(doc.at("router"))
+    path = Path(resolve(value, base))
+    if not path.is_file():
+        raise doc.error(("router",), f"no such router config file: {path}")
+    return load_router_config(path)
 
 
 def _autoscaler(doc: Document, base: Path) -> tuple[Spec | None, str | None]:

@@ -31,6 +31,9 @@ FLEET = mapping(
         "autoscaler": {"type": ["string", "object"],
                        "x-message": "must be a spec file path or an inline ScaledObject/InferenceAutoscaler"},
         "load": LOAD,
+        # the router in front of the fleet: true (its defaults), a ROUTER.yaml path or one inline
+        "router": {"type": ["boolean", "string", "object"],
+                   "x-message": "must be true, a router config path or an inline EndpointPickerConfig"},
     },
     **{"x-exactly-one": ["emulate", "model"]},
 )
