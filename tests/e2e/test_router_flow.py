@@ -13,6 +13,7 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 
 from autoscaler.spec import load_spec, make_policy
 from controlplane.controller import AutoscalerLoop, Controller
@@ -79,6 +80,7 @@ async def capacity(url: str, max_tokens: int, concurrency: int, seconds: float) 
         return sum(1 for d in done if d[1] == 200) / (time.monotonic() - t0)
 
 
+@pytest.mark.slow  # about 25 s on two shared cores
 def test_overload_two_bands(emulated_servers):
     urls = emulated_servers(2, "--max-num-seqs", "4")
     max_tokens, duration = 24, 8.0

@@ -145,6 +145,7 @@ def test_100_concurrent_streams_complete(emulated_servers):
         assert sum(served) == 100 and min(served) > 0  # both engines took a share
 
 
+@pytest.mark.slow  # about 25 s on two shared cores
 def test_engine_killed_under_load():
     servers = [Engine("--emulate", "h100-llama2-70b-tp4") for _ in range(3)]
     try:
