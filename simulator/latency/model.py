@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = "slopilot-latency-model/1"
+from simulator.latency.fileformat import FORMAT
+
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 # coefficient names in a fixed order (the fitter's parameter vector); roof_p is the roofline exponent

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.core.profile_csv import KEY_COLUMNS, MIXED_COLUMNS, PHASES, PROFILE_COLUMNS, SHAPE_COLUMNS
+from simulator.latency.fileformat import FORMAT
 
 
 @dataclass
@@ -170,8 +171,6 @@ def metadata_path(csv_path: str | Path) -> Path:
 def read_metadata(csv_path: str | Path) -> dict | None:
     """A profile's metadata, from PROFILE.meta.json or the older PROFILE.json (unless a latency model
     was written over it); None when there is none."""
-    from simulator.latency.model import FORMAT
-
     for path in (metadata_path(csv_path), Path(csv_path).with_suffix(".json")):
         if path.is_file():
             try:
