@@ -239,7 +239,7 @@ def summary_lines(s: dict) -> list[str]:
     rates = [f"throughput {s['throughput_rps'] or 0:.2f} req/s",
              f"{s['output_tokens_per_s'] or 0:.0f} output tokens/s"]
     if s["goodput_rps"] is not None:
-        rates.insert(0, f"goodput {s['goodput_rps']:.2f} req/s (all SLOs met)")
+        rates.insert(0, f"goodput {s['goodput_rps']:.2f} req/s (requests within every SLO)")
     lines.append(", ".join(rates))
     lines.append(f"cost {_money(c['total'], cur)}: {_money(c['during_workload'], cur)} while the workload "
                  f"ran, {_money(c['drain'], cur)} draining the {c['drain_seconds']:.0f} s after it; "

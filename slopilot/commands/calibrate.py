@@ -12,6 +12,7 @@ HELP = "fit a step-latency model to a profile CSV; print held-out error per phas
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = "how a calibrated model is used: docs/guide.md (Plan capacity with the simulator)"
     p.add_argument("profile", type=Path, help="profile CSV (columns of DESIGN.md; extra columns allowed)")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="model JSON to write (default: PROFILE.model.json, beside the profile)")

@@ -24,6 +24,7 @@ FLEET = EXAMPLES / "fleet_demo.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = "the user guide: docs/guide.md"
     p.add_argument("--live", action="store_true",
                    help="run the live demo: engines, Prometheus and the controller, about 2 minutes")
     p.add_argument("--fleet", default=str(FLEET), help="with --live: the FLEET.yaml (default: the demo's)")

@@ -10,6 +10,7 @@ HELP = "predict step latency for profile-format rows (adds predicted_ms; with la
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = "latency models and their checks: docs/guide.md (Plan capacity with the simulator)"
     p.add_argument("model", help="a model JSON path, or a shipped model name (e.g. h100-llama2-70b-tp4)")
     p.add_argument("rows", type=Path, help="CSV in the profile format; latency_ms may be absent")
     p.add_argument("-o", "--output", type=Path, help="CSV to write (default: stdout)")

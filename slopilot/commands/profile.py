@@ -17,6 +17,7 @@ HELP = "time whole engine steps (prefill, decode, mixed) and write a profile CSV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "from a profile to a simulated fleet: docs/guide.md (Plan capacity with the simulator)"
     parser.add_argument("--model", default="tiny", help="preset name or a model directory (default: tiny)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu), "
