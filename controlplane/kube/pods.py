@@ -10,6 +10,7 @@ the first container port, else vLLM's 8000. The path: `slopilot.dev/metrics-path
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Callable
 
@@ -22,29 +23,29 @@ PORT_ANNOTATION, PATH_ANNOTATION = "slopilot.dev/metrics-port", "slopilot.dev/me
 DEFAULT_PORT = 8000
 
 
-def pod_ready(pod) -> bool:
-    st = pod.status
-    if st is None or st.phase != "Running" or not st.pod_ip or pod.metadata.deletion_timestamp:
+def pod_ready(pod: dict) -> bool:
+    st = pod.get("status") or {}
+    if st.get("phase") != "Running" or not st.get("podIP") or pod["metadata"].get("deletionTimestamp"):
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in st.conditions or [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
-def pod_port(pod, wanted: str | None) -> int:
-    ports = [p for c in pod.spec.containers or [] for p in c.ports or []]
+def pod_port(pod: dict, wanted: str | None) -> int:
+    ports = [p for c in (pod.get("spec") or {}).get("containers") or [] for p in c.get("ports") or []]
     if wanted:
         if str(wanted).isdigit():
             return int(wanted)
-        named = next((p.container_port for p in ports if p.name == wanted), None)
+        named = next((p["containerPort"] for p in ports if p.get("name") == wanted), None)
         if named is not None:
             return named
-    annotated = (pod.metadata.annotations or {}).get("prometheus.io/port")
-    if annotated and annotated.isdigit():
+    annotated = (pod["metadata"].get("annotations") or {}).get("prometheus.io/port", "")
+    if annotated.isdigit():
         return int(annotated)
     for name in ("metrics", "http"):
-        named = next((p.container_port for p in ports if p.name == name), None)
+        named = next((p["containerPort"] for p in ports if p.get("name") == name), None)
         if named is not None:
             return named
-    return ports[0].container_port if ports else DEFAULT_PORT
+    return ports[0]["containerPort"] if ports else DEFAULT_PORT
 
 
 class PodEndpoints:
@@ -61,17 +62,19 @@ class PodEndpoints:
         selector = self.selector()
         if not selector:
             return []
-        try:
-            pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
-                                                 _request_timeout=TIMEOUT)
-        except (ApiException, OSError) as exc:
+        try:  # read as plain JSON: a pod the typed models would refuse must not stop the scrape
+            response = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                                     _request_timeout=TIMEOUT, _preload_content=False)
+            pods = json.loads(response.data)["items"]
+        except (ApiException, OSError, ValueError, KeyError) as exc:
             log.warning("%s: listing pods (%s) failed: %s; keeping the last %d endpoints", self.namespace,
                         selector, exc, len(self.last))
             return self.last
         out = []
-        for pod in pods.items:
+        for pod in pods:
             if pod_ready(pod):
-                path = self.path or (pod.metadata.annotations or {}).get("prometheus.io/path") or "/metrics"
-                out.append(f"http://{pod.status.pod_ip}:{pod_port(pod, self.port)}{path}")
+                path = self.path or (pod["metadata"].get("annotations") or {}).get("prometheus.io/path") \
+                    or "/metrics"
+                out.append(f"http://{pod['status']['podIP']}:{pod_port(pod, self.port)}{path}")
         self.last = sorted(out)
         return self.last

@@ -143,7 +143,9 @@ class FakeKubelet:
         pod["status"] = {"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
                          "conditions": [{"type": "Ready", "status": flag}, {"type": "ContainersReady",
                                                                             "status": flag}],
-                         "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0}]}
+                         "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0,
+                                                "image": "slopilot:emulated", "imageID": "slopilot:emulated",
+                                                "started": True, "state": {"running": {}}}]}
         pod["metadata"].pop("resourceVersion", None)
         self.store.update(pods, self.namespace, r.pod, pod, "status")
 
