@@ -154,7 +154,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
     )
     span = (sc.duration or 0.0) + (sc.max_drain if sc.drain_after_end else 0.0)
     check_limits(doc, workload, sc.duration, span, pools, sc.scrape_interval, sc.rate_window,
-                 sc.timeline_interval)
+                 sc.timeline_interval, sc.router)
     return sc
 
 

@@ -94,7 +94,8 @@ def dist_problem(d: Dist, limit: float) -> str | None:
 
 
 def check_limits(doc: Document, workload: dict, duration: float | None, horizon: float, pools: list,
-                 scrape_interval: float, rate_window: float, timeline_interval: float) -> None:
+                 scrape_interval: float, rate_window: float, timeline_interval: float,
+                 router: dict | None = None) -> None:
     """The limits that depend on several fields; raises doc.error naming the field."""
     if "arrivals" in workload and duration is not None:
         n = expected_requests(workload["arrivals"], duration)
@@ -114,6 +115,9 @@ def check_limits(doc: Document, workload: dict, duration: float | None, horizon:
         if interval is not None:
             where = ("pools", i, "autoscaler") if "autoscaler" in doc.data["pools"][i] else ("autoscaler",)
             periodic.append((where, interval, "autoscaler polls"))
+    if router and "flow_control" in router:
+        periodic.append((("router", "flow_control", "interval"), router["flow_control"]["interval"],
+                         "gateway dispatch rounds"))
     for path, interval, what in periodic:
         ticks = horizon / interval
         if ticks > MAX_TICKS:

@@ -234,9 +234,10 @@ ROUTER = mapping(
         "flow_control": mapping({
             "queue_threshold": COUNT1,
             "kv_threshold": FRACTION,
-            "interval": POS,
+            "interval": at_least(SECONDS, MIN_INTERVAL),
             "bands": {"type": "array", "minItems": 1, "items": mapping(
-                {"priority": {"type": "integer"}, "name": STR, "capacity": COUNT1, "ttl": POS,
+                {"priority": {"type": "integer"}, "name": STR, "capacity": at_most(COUNT1, MAX_REQUESTS),
+                 "ttl": SECONDS,
                  "share": {"type": "number", "minimum": 0, "maximum": 1}}, ("priority",))},
         }),
     }

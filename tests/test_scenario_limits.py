@@ -70,6 +70,10 @@ def _refused(data: dict, *parts: str) -> str:
         ("pools.0.autoscaler", {"fixed": 10**8}, "pools[0].autoscaler.fixed", f"<= {lim.MAX_REPLICAS}"),
         ("pools.0.autoscaler", {"schedule": [{"at": 0, "replicas": 1}], "polling_interval": 1e-7},
          "autoscaler.polling_interval", f">= {lim.MIN_INTERVAL}"),
+        ("router", {"flow_control": {"interval": 1e-9}}, "router.flow_control.interval",
+         f">= {lim.MIN_INTERVAL}"),
+        ("router", {"flow_control": {"bands": [{"priority": 0, "capacity": 10**12}]}},
+         "router.flow_control.bands[0].capacity", f"<= {lim.MAX_REQUESTS}"),
     ],
 )
 def test_single_fields_beyond_their_limit(path, value, field, limit):
@@ -110,6 +114,8 @@ def test_single_fields_beyond_their_limit(path, value, field, limit):
         ({"duration": 2_000_000, "workload.arrivals": {"rate": 0.1},
           "pools.0.autoscaler": {"schedule": [{"at": 0, "replicas": 1}], "polling_interval": 0.01}},
          ["pools[0].autoscaler: an interval of 0.01 s", "autoscaler polls"]),
+        ({"duration": 2_000_000, "workload.arrivals": {"rate": 0.1}, "router": {"flow_control": {}}},
+         ["router.flow_control.interval: an interval of 0.01 s", "gateway dispatch rounds"]),
         ({"pools.0.kv_memory": {"gpu_memory_gib": 80, "num_gpus": 8, "weights_gib": 1,
                                 "kv_bytes_per_token": 1}},
          ["pools[0].kv_memory: gives", f"KV blocks a replica, more than the limit of {lim.MAX_KV_BLOCKS}"]),
