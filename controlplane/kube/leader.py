@@ -2,7 +2,9 @@
 renew deadline 10 s, retry 2 s).
 
 Candidates try every retry period. The holder renews; a candidate takes over once the record it sees
-has not changed for a lease duration (its own clock, as client-go does: no clock-skew trust). The
+has not changed for a lease duration (its own clock, as client-go does: no clock-skew trust), trying
+again at that very moment rather than at its next period, so that a dead leader is replaced within
+a lease duration plus one retry period of its last renew. The
 leader acts only while its last successful renew is younger than the renew deadline: is_leader()
 turns False at once when renewing fails for that long or when another holder is seen, which is
 before anyone else may take over (deadline < lease duration). On stop the lease is released, so the
@@ -70,13 +72,17 @@ class LeaderElector:
                 log.info("%s: %s the lease %s/%s", self.identity, "acquired" if self._leading else "lost",
                          self.namespace, self.name)
                 self.changed.set()
-            stop.wait(self.retry_period)
+            wait = self.retry_period
+            if not self._leading and self._expires is not None:  # another's lease: try when it expires
+                wait = min(wait, max(0.0, self._expires - self.clock()) + 0.01)
+            stop.wait(wait)
         self.release()
 
     _lost = False  # set by _try when another holder is seen while we lead
+    _expires: float | None = None  # clock() at which another holder's lease runs out, as we saw it
 
     def _try(self) -> bool:
-        self._lost = False
+        self._lost, self._expires = False, None
         now = datetime.now(timezone.utc)
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=TIMEOUT)
@@ -102,7 +108,9 @@ class LeaderElector:
         if holder and holder != self.identity:
             if self._leading:
                 self._lost = True
-            if self.clock() - self._observed_at < (spec.lease_duration_seconds or self.lease_duration):
+            expires = self._observed_at + (spec.lease_duration_seconds or self.lease_duration)
+            if self.clock() < expires:
+                self._expires = expires
                 return False  # held by another and not expired
         mine = holder == self.identity
         transitions = (spec.lease_transitions or 0) + (0 if mine else 1)

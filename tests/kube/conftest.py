@@ -141,11 +141,21 @@ class Cluster:
         ctl.thread.join(timeout=30)
         assert not ctl.thread.is_alive(), "the controller did not stop"
 
-    def controller_process(self, *args: str, log: Path | None = None) -> subprocess.Popen:
-        """`slopilot control --kube ARGS` as a process with the controller's kubeconfig."""
-        out = open(log or self.tmp / f"controller-{len(self._procs)}.log", "wb")
+    def pod_kubeconfig(self, pod: str) -> Path:
+        """A kubeconfig with a token bound to `pod` of the controller's ServiceAccount (as a projected
+        token is), so that the audit log tells the controller replicas apart."""
+        token = f"token-{pod}"
+        self.api.add_token(token, service_account(SYSTEM_NS, "slopilot-controller", pod))
+        return self.api.kubeconfig(self.tmp / f"{pod}.kubeconfig", token)
+
+    def controller_process(self, *args: str, pod: str | None = None) -> subprocess.Popen:
+        """`slopilot control --kube ARGS` as a process with the controller's kubeconfig (bound to
+        `pod` when given)."""
+        n = len(self._procs)
+        out = open(self.tmp / f"controller-{n}.log", "wb")
+        config = self.pod_kubeconfig(pod) if pod else self.controller_config
         cmd = [sys.executable, "-m", "slopilot.cli", "control", "--kube", "--kubeconfig",
-               str(self.controller_config), "--lease-namespace", SYSTEM_NS, *args]
+               str(config), "--lease-namespace", SYSTEM_NS, *args]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         proc.log_path = out.name
         self._procs.append(proc)

@@ -13,14 +13,15 @@ from tests.kube.apiserver.errors import ApiError
 class User:
     name: str
     groups: list[str] = field(default_factory=list)
+    pod: str = ""  # a pod-bound ServiceAccount token names its pod (the audit log shows it)
 
 
 ADMIN = User("admin", ["system:masters", "system:authenticated"])
 
 
-def service_account(namespace: str, name: str) -> User:
-    return User(f"system:serviceaccount:{namespace}:{name}",
-                ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"])
+def service_account(namespace: str, name: str, pod: str = "") -> User:
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    return User(f"system:serviceaccount:{namespace}:{name}", groups, pod)
 
 
 def _subject_matches(subject: dict, user: User) -> bool:

@@ -46,6 +46,7 @@ class Request:
     namespace: str = ""
     name: str = ""
     user: str = ""
+    pod: str = ""  # the pod a ServiceAccount token was issued to
     user_agent: str = ""
     code: int = 0
     resource_request: bool = True
@@ -158,7 +159,7 @@ class ApiServer:
             user = self.tokens.get(auth[7:]) if auth.startswith("Bearer ") else None
             if user is None:
                 raise ApiError(401, "Unauthorized")
-            info.user = user.name
+            info.user, info.pod = user.name, user.pod
             if not info.resource_request:
                 status, body, ctype = self._non_resource(info.path, h)
                 info.code = status
