@@ -108,7 +108,8 @@ def coeffs_array(q: dict, prefill_tokens, prefill_context, decode_seqs, prefill_
 
 class LatencyModel:
     def __init__(self, device: str, model: str, dtype: str, tp: int, params: dict[str, float],
-                 provenance: dict | None = None, fit_range: dict | None = None):
+                 provenance: dict | None = None, fit_range: dict | None = None,
+                 engine_settings: dict | None = None):
         missing = [k for k in PARAMS if k not in params]
         if missing:
             raise ValueError(f"latency model {device}/{model}: missing parameter(s) {', '.join(missing)}")
@@ -129,6 +130,9 @@ class LatencyModel:
         self.params["decode_kv_ramp_ms"] = [float(v) for v in params.get("decode_kv_ramp_ms", [])]
         self.provenance = dict(provenance or {})
         self.fit_range = dict(fit_range or {})
+        # the measured server's scheduling settings (max_num_seqs, max_num_batched_tokens, block_size,
+        # num_kv_blocks, max_model_len, enable_prefix_caching), as far as they were known
+        self.engine_settings = dict(engine_settings or {})
 
     def __repr__(self) -> str:
         return f"LatencyModel({self.device}, {self.model}, {self.dtype}, tp={self.tp})"
@@ -209,7 +213,8 @@ class LatencyModel:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "device": self.device, "model": self.model, "dtype": self.dtype,
                 "tp": self.tp, "form": "see simulator/latency/model.py", "params": self.params,
-                "fit_range": self.fit_range, "provenance": self.provenance}
+                "fit_range": self.fit_range, "provenance": self.provenance,
+                **({"engine_settings": self.engine_settings} if self.engine_settings else {})}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "<dict>") -> LatencyModel:
@@ -218,7 +223,7 @@ class LatencyModel:
                              f"expected {FORMAT!r})")
         try:
             return cls(d["device"], d["model"], d["dtype"], d["tp"], d["params"], d.get("provenance"),
-                       d.get("fit_range"))
+                       d.get("fit_range"), d.get("engine_settings"))
         except KeyError as exc:
             raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
 
