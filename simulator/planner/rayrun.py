@@ -1,0 +1,33 @@
+"""The sweep on a Ray cluster (`--ray ADDRESS`, `auto`, or `local` for a Ray instance started here).
+Ray is an optional extra (`pip install 'slopilot[ray]'`); every node needs slopilot installed, and
+latency models or traces given as paths must exist at the same paths there."""
+
+from __future__ import annotations
+
+from simulator.planner.sweep import Job, run_job
+
+
+class RayRunner:
+    def __init__(self, address: str, workers: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--ray needs the ray package: pip install 'slopilot[ray]'") from None
+        self.ray = ray
+        options = {"num_cpus": workers} if address == "local" and workers else {}
+        ray.init(address=None if address == "local" else address, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False, **options)
+        self.remote = ray.remote(run_job)
+
+    def submit(self, job: Job):
+        return self.remote.remote(job)
+
+    def done(self, handles: list) -> list:
+        ready, _ = self.ray.wait(handles, num_returns=1)
+        return ready
+
+    def result(self, handle) -> dict:
+        return self.ray.get(handle)
+
+    def close(self) -> None:
+        self.ray.shutdown()

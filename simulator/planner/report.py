@@ -1,0 +1,100 @@
+"""The plan's output folder: plan.json, report.html (the answer, the ranked table, the candidates, the
+Pareto plot and the capacity curves) and scenarios/ (the static fleet at the peak and each policy run
+of every candidate, as `slopilot simulate` files, to reproduce any number)."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import yaml
+
+from simulator.planner.plots import capacity_figure, pareto_figure, save
+from simulator.planner.rank import money
+from simulator.planner.scenarios import curve_scenario, peak_scenario
+
+STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+         "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}")
+
+
+def write_plan_outputs(plan, result: dict, out: Path, plots: bool = True) -> list[str]:
+    """Writes the folder; returns the names of the files written at its top."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_scenarios(plan, result, out / "scenarios")
+    images = [save(pareto_figure(result), out / "pareto.png"),
+              save(capacity_figure(result), out / "capacity.png")] if plots else []
+    (out / "report.html").write_text(plan_html(result, images))
+    return ["plan.json", "report.html", *images]
+
+
+def scenario_name(candidate: str, what: str) -> str:
+    return f"{candidate}-{what}".replace("/", "_").replace("=", "").replace(" ", "_") + ".yaml"
+
+
+def write_scenarios(plan, result: dict, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    peak = result["workload"]["peak_rps"]
+    for cand, entry in zip(plan.candidates, result["candidates"]):
+        st = entry["static"]
+        if not (st and st["replicas"]):
+            continue
+        _dump(peak_scenario(plan, cand, st["replicas"], peak), folder / scenario_name(cand.name, "peak"))
+        for p in plan.policies:
+            if p.name in entry["policies"]:
+                first = entry["policies"][p.name]["first_replicas"]
+                sc = curve_scenario(plan, cand, p.autoscaler, first, p.name)
+                _dump(sc, folder / scenario_name(cand.name, p.name))
+
+
+def _dump(scenario: dict, path: Path) -> None:
+    path.write_text(yaml.safe_dump(scenario, sort_keys=False))
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return "-" if v is None else html.escape(str(v))
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r) + "</tr>" for r in rows]
+    return "".join(out) + "</table>"
+
+
+def plan_html(result: dict, images: list[str]) -> str:
+    cur = result["currency"]
+    w = result["workload"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>slopilot plan: "
+             f"{html.escape(result['plan'])}</title><style>{STYLE}</style></head><body>",
+             f"<h1>Capacity plan: {html.escape(result['plan'])}</h1>",
+             f"<p><b>{html.escape(result['answer']['text'])}</b></p>",
+             f"<p>Peak {w['peak_rps']:.3g} req/s; {w['requests_per_day']:,.0f} requests and "
+             f"{w['output_tokens_per_day']:,.0f} output tokens a day; the curve of {w['duration']:g} s "
+             f"simulated in {w['simulated_duration']:g} s (x{w['compress']:g}); seeds {result['seeds']}.</p>",
+             "<h2>Ranked options</h2>"]
+    rows = [[i + 1, o["candidate"], o["policy"] or "static (peak)", o["replicas_at_peak"], o["gpus_at_peak"],
+             money(o["cost_per_hour_at_peak"], cur), money(o["cost_per_day"], cur),
+             None if o["attainment"] is None else f"{100 * o['attainment']:.2f}%",
+             "yes" if o["met"] else "NO", "yes" if o["pareto"] else ""]
+            for i, o in enumerate(result["ranking"])]
+    parts.append(_table(["#", "candidate", "policy", "replicas at peak", "GPUs at peak", "cost/h at peak",
+                         "cost/day", "attainment", "SLOs met", "Pareto"], rows))
+    parts.append("<h2>Candidates</h2>")
+    rows = []
+    for c in result["candidates"]:
+        cap, st, orc = c["capacity"], c["static"] or {}, c["oracle"] or {}
+        rows.append([c["name"], c["latency_model"], c["gpus_per_replica"],
+                     money(c["price_per_gpu_hour"], cur), cap["rps"],
+                     f"{cap['spread']['min']:.3g}-{cap['spread']['max']:.3g}",
+                     st.get("replicas"), st.get("cost_per_hour"), st.get("cost_per_million_output_tokens"),
+                     orc.get("cost_per_day")])
+    parts.append(_table(["candidate", "latency model", "GPUs a replica", "price a GPU-hour",
+                         "capacity (req/s a replica)", "over seeds", "static replicas", f"static {cur}/h",
+                         f"static {cur} per M output tokens", f"oracle bound {cur}/day"], rows))
+    for img in images:
+        parts.append(f"<h2>{html.escape(Path(img).stem)}</h2><img src='{html.escape(img)}'>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

@@ -1,0 +1,45 @@
+"""The scenarios a plan runs, as scenario dicts (the YAML a user could pass to `slopilot simulate`):
+
+    capacity   one replica at a constant rate (stage 1)
+    peak       N replicas at the curve's peak rate (stage 2, static fleet)
+    curve      the whole (compressed) curve under a policy (stage 2, autoscaled)
+
+Capacity and peak runs share the plan's arrival process and length mix, last `search.duration`
+seconds and drain for at most `search.drain`; replicas are ready from the start. Curve runs start
+replicas after the plan's startup delay.
+"""
+
+from __future__ import annotations
+
+from simulator.planner.plan import Candidate, Plan
+from simulator.planner.traffic import constant_workload
+
+
+def _base(plan: Plan, name: str, pool: dict, workload: dict, duration: float) -> dict:
+    return {
+        "name": name,
+        "seed": plan.seeds[0],
+        "duration": duration,
+        "workload": workload,
+        "pools": [pool],
+        "router": plan.router,
+        "slo": plan.slo,
+        "currency": plan.currency,
+        "drain": {"max": plan.search["drain"]},
+    }
+
+
+def capacity_scenario(plan: Plan, cand: Candidate, rate: float) -> dict:
+    wl = constant_workload(plan.workload, rate)
+    return _base(plan, f"{cand.name} capacity", cand.pool(1), wl, plan.search["duration"])
+
+
+def peak_scenario(plan: Plan, cand: Candidate, replicas: int, peak_rate: float) -> dict:
+    wl = constant_workload(plan.workload, peak_rate)
+    return _base(plan, f"{cand.name} peak", cand.pool(replicas), wl, plan.search["duration"])
+
+
+def curve_scenario(plan: Plan, cand: Candidate, autoscaler: dict, replicas: int, name: str) -> dict:
+    """The curve under `autoscaler` (a scenario autoscaler entry), starting from `replicas`."""
+    pool = {**cand.pool(replicas), "provisioning_delay": plan.startup_delay, "autoscaler": autoscaler}
+    return _base(plan, f"{cand.name} {name}", pool, plan.workload, plan.sim_duration)

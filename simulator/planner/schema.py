@@ -1,0 +1,87 @@
+"""The plan file's schema, checked like a scenario's (autoscaler.validation): every unknown key and bad
+value is an error naming file, line and field, e.g. `plan.yaml:12: deployments[0].price_per_gpu_hour:
+must be >= 0, got -1`.
+
+A plan reuses the scenario's sections where they mean the same thing (workload, slo, router, a pool's
+engine fields). Defaults live in simulator.planner.plan, next to the code that reads them.
+"""
+
+from __future__ import annotations
+
+from simulator.scenario_limits import MAX_DURATION, MAX_NUM_SEQS, MAX_REPLICAS
+from simulator.scenario_schema import (
+    COUNT0,
+    COUNT1,
+    DIST,
+    POOL,
+    POS,
+    ROUTER,
+    SECONDS,
+    SLO,
+    SLO_NAMES,
+    STR,
+    TOKENS,
+    WORKLOAD,
+    at_most,
+    mapping,
+)
+
+# a deployment is a pool without a replica count or an autoscaler: the planner chooses those
+ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens")
+POOL_KEYS = ("latency_model", "max_model_len", "kv_blocks", "kv_memory", "block_size", "prefix_caching",
+             "step_overhead_ms", "wakeup_ms", *ENGINE_KEYS)
+
+
+def grid(item: dict) -> dict:
+    return {"type": "array", "minItems": 1, "maxItems": 16, "items": item}
+
+
+DEPLOYMENT = mapping(
+    {
+        "name": {**STR, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"},
+        "gpus_per_replica": at_most(COUNT1, 1024),
+        "price_per_gpu_hour": at_most(POS, 1e6),
+        **{k: POOL["properties"][k] for k in POOL_KEYS},
+    },
+    ("name", "latency_model", "price_per_gpu_hour"),
+    allOf=[{"x-at-most-one": ["kv_blocks", "kv_memory"]}],
+)
+
+POLICY = mapping(
+    {
+        "name": {**STR, "pattern": "^[A-Za-z0-9][A-Za-z0-9._ -]*$"},
+        "spec": {"type": ["string", "object"], "x-message": "must be a file path or an inline spec"},
+        "latency_model": STR,
+    },
+    ("name", "spec"),
+)
+
+PLAN = mapping(
+    {
+        "name": STR,
+        "seeds": {"type": "array", "minItems": 1, "maxItems": 32, "items": COUNT0},
+        "duration": SECONDS,  # of the curve, before compression
+        "workload": WORKLOAD,
+        "growth": at_most(POS, 1000),  # every rate times this
+        "compress": at_most({"type": "number", "minimum": 1}, 3600),  # the curve played this much faster
+        "slo": mapping({name: SLO for name in SLO_NAMES}, **{"minProperties": 1}),
+        "startup_delay": DIST,  # from a scale-up to the new replica serving
+        "router": ROUTER,
+        "currency": {"type": "string", "minLength": 1, "maxLength": 16},
+        "deployments": {"type": "array", "minItems": 1, "maxItems": 64, "items": DEPLOYMENT},
+        "engine": mapping({
+            "max_num_seqs": grid(at_most(COUNT1, MAX_NUM_SEQS)),
+            "max_num_batched_tokens": grid(TOKENS),
+        }),
+        "policies": {"type": "array", "maxItems": 32, "items": POLICY},
+        "autoscale": {"enum": ["all", "cheapest_per_deployment"]},
+        "search": mapping({
+            "start_rate": at_most(POS, 1e4),  # req/s a replica is tried at first
+            "step": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.05},
+            "duration": at_most(SECONDS, 86400),  # of each capacity and peak run
+            "drain": at_most({"type": "number", "minimum": 0}, MAX_DURATION),
+            "max_replicas": at_most(COUNT1, MAX_REPLICAS),
+        }),
+    },
+    ("workload", "slo", "deployments"),
+)

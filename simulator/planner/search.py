@@ -1,0 +1,85 @@
+"""The two searches, as generators free of simulation: each yields the next point to try and is sent
+back whether a run there met every SLO; its return value is the answer. Tests drive them with
+made-up verdicts; simulator.planner.stages drives them with simulated runs.
+
+Capacity is searched on a geometric grid, rate_k = start * (1 + step)^k: first in jumps of about 2x
+until a run passes and a run fails, then by bisection between the two indices until they are
+neighbours. The answer is a rate that met every SLO whose next grid rate, (1 + step) times higher,
+did not: tight to `step` by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+
+Search = Generator[float, bool, tuple[float, float]]
+
+
+def grid_rate(start: float, step: float, k: int) -> float:
+    return start * (1.0 + step) ** k
+
+
+def capacity_search(start: float, step: float, floor: float, ceiling: float) -> Search:
+    """Yields rates; returns (highest rate that met, lowest rate above it that missed). (0, lowest
+    tried) when even `floor` misses; (highest tried, inf) when even `ceiling` meets."""
+    jump = max(1, round(math.log(2.0) / math.log(1.0 + step)))  # indices per doubling
+    lo = hi = None
+    k = 0
+    while lo is None or hi is None:
+        rate = grid_rate(start, step, k)
+        if rate < floor:
+            return 0.0, rate if hi is None else grid_rate(start, step, hi)
+        if rate > ceiling:
+            return (0.0 if lo is None else grid_rate(start, step, lo)), math.inf
+        if (yield rate):
+            lo = k if lo is None or k > lo else lo
+            k = k + jump
+        else:
+            hi = k if hi is None or k < hi else hi
+            k = k - jump
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (yield grid_rate(start, step, mid)):
+            lo = mid
+        else:
+            hi = mid
+    return grid_rate(start, step, lo), grid_rate(start, step, hi)
+
+
+def fleet_search(start: int, max_replicas: int) -> Generator[int, bool, int | None]:
+    """Yields replica counts from `start`; returns the smallest count that met while one fewer missed
+    (1 when one replica meets), or None when even max_replicas misses."""
+    n = min(max(1, start), max_replicas)
+    if (yield n):
+        while n > 1 and (yield n - 1):
+            n -= 1
+        return n
+    while n < max_replicas:
+        n += 1
+        if (yield n):
+            return n
+    return None
+
+
+def lockstep(searches: list[Generator]) -> Generator[list, list[bool], list]:
+    """Runs several searches side by side: yields the pending point of each unfinished one (None for
+    the finished), is sent their verdicts in the same order, returns their answers."""
+    answers: list = [None] * len(searches)
+    points: list = [None] * len(searches)
+    for i, s in enumerate(searches):
+        points[i] = _advance(s, None, answers, i)
+    while any(p is not None for p in points):
+        verdicts = yield list(points)
+        for i, s in enumerate(searches):
+            if points[i] is not None:
+                points[i] = _advance(s, verdicts[i], answers, i)
+    return answers
+
+
+def _advance(search: Generator, verdict, answers: list, i: int):
+    try:
+        return next(search) if verdict is None else search.send(verdict)
+    except StopIteration as stop:
+        answers[i] = stop.value
+        return None
