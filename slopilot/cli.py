@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, str] = {
     "control": "slopilot.commands.control",
     "fleet": "slopilot.commands.fleet",
     "route": "slopilot.commands.route",
+    "plan": "slopilot.commands.plan",
+    "compare": "slopilot.commands.compare",
 }
 
 
