@@ -12,7 +12,7 @@ DEB_BINARIES := prometheus
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py csrc/page_allocator.cpp Makefile
+$(STAMP): pyproject.toml setup.py csrc/page_allocator.cpp csrc/paged_kernels.cpp Makefile
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -27,10 +27,12 @@ $(STAMP): pyproject.toml setup.py csrc/page_allocator.cpp Makefile
 	$(MAKE) native
 	touch $(STAMP)
 
-# builds the pybind11 page allocator in place (engine/_page_allocator*.so)
+# builds the pybind11 page allocator and CPU paged kernels in place (engine/_page_allocator*.so,
+# engine/_paged_kernels*.so)
 native:
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -c "import engine; assert engine.native_available(), 'native page allocator did not build'; print('native page allocator: ok')"
+	$(PY) -c "from engine.attention.cpu_backend import kernels_available as ok; print('CPU paged kernels:', 'ok' if ok() else 'not built, torch backend used')"
 
 lint: install
 	$(VENV)/bin/ruff check .

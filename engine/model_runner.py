@@ -42,7 +42,7 @@ class ModelRunner:
         self.num_kv_blocks, self.block_size = num_kv_blocks, block_size
         # a sequence can be no longer than the model's positions nor than the whole cache
         self.max_model_len = min(self.config.max_position_embeddings, num_kv_blocks * block_size)
-        self.backend = get_backend(attention_backend, self.device)
+        self.backend = get_backend(attention_backend, self.device, self.dtype)
         c = self.config
         shape = (num_kv_blocks, block_size, c.num_kv_heads, c.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

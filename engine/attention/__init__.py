@@ -15,7 +15,7 @@ from engine.attention.torch_backend import TorchBackend, paged_attention_ref, wr
 __all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "build_metadata", "get_backend",
            "paged_attention_ref", "write_kv_ref"]
 
-BACKENDS = ("auto", "torch", "triton", "cuda")
+BACKENDS = ("auto", "torch", "cpu", "triton", "cuda")
 
 
 class AttentionBackend(Protocol):
@@ -30,12 +30,18 @@ class AttentionBackend(Protocol):
         """query [num_tokens, num_heads, head_dim] -> attention output of the same shape."""
 
 
-def get_backend(name: str, device: torch.device | str = "cpu") -> AttentionBackend:
+def get_backend(name: str, device: torch.device | str = "cpu",
+                dtype: torch.dtype | None = None) -> AttentionBackend:
+    """dtype: the model's, so that "auto" picks a backend that supports it."""
     device = torch.device(device)
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu" if _cpu_kernels_fit(dtype) else "torch"
     if name == "torch":
         return TorchBackend(device)
+    if name == "cpu":
+        from engine.attention.cpu_backend import CpuBackend
+
+        return CpuBackend(device)
     if name == "triton":
         from engine.attention.triton_backend import TritonBackend  # other engineer's file, imported lazily
 
@@ -45,3 +51,9 @@ def get_backend(name: str, device: torch.device | str = "cpu") -> AttentionBacke
 
         return CudaBackend(device)
     raise ValueError(f"unknown attention backend {name!r}; valid: {', '.join(BACKENDS)}")
+
+
+def _cpu_kernels_fit(dtype: torch.dtype | None) -> bool:
+    from engine.attention.cpu_backend import DTYPE_CODES, kernels_available
+
+    return kernels_available() and (dtype is None or dtype in DTYPE_CODES)
