@@ -4,13 +4,14 @@ Every policy is an `autoscaler` policy (fixed and schedule included) and every t
 autoscaler.reconcile, the step the live controller runs too; only the edges are the simulator's: the
 Observation is what Prometheus would answer at that moment (gauges from the last scrape, rates and
 histogram quantiles over the scenario's rate window, so metric lag is part of the simulation) and
-the target is the simulated pool.
+the target is the simulated pool. A trigger's query is PromQL, evaluated over the scraped series
+(and the recording rules' output) as Prometheus would, and read as KEDA's Prometheus scaler reads
+the answer: empty -> no value, one sample -> its value, more -> an error.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from autoscaler.observation import Observation
@@ -18,6 +19,7 @@ from autoscaler.policy import Policy
 from autoscaler.reconcile import reconcile
 from autoscaler.schedule import FixedPolicy, SchedulePolicy
 from simulator.metrics import LAYOUT, quantile_of
+from simulator.promql import Evaluator, PromQLError, compile_query
 from simulator.steptime import seconds, to_ps
 
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -30,6 +32,7 @@ class PoolPolicy:
     policy: Policy
     triggers: list = field(default_factory=list)  # the spec's KEDA-style triggers
     reads_metrics: bool = True  # fixed and schedule read only the clock and the replica count
+    queries: list = field(default_factory=list)  # (trigger name, compiled query)
 
 
 def make_pool_policy(spec, latency_model) -> PoolPolicy:
@@ -47,7 +50,13 @@ def make_pool_policy(spec, latency_model) -> PoolPolicy:
 
     parsed = cfg["spec"]  # validated when the scenario was loaded
     model = load_latency_model(cfg["latency_model"]) if cfg.get("latency_model") else latency_model
-    return PoolPolicy(make_policy(parsed, latency_model=model), list(parsed.triggers))
+    queries = []
+    for trig in parsed.triggers:
+        try:
+            queries.append((trig.name, compile_query(trig.query)))
+        except PromQLError as exc:
+            raise ValueError(f"pool {spec.name}: trigger {trig.name!r}: {exc}") from None
+    return PoolPolicy(make_policy(parsed, latency_model=model), list(parsed.triggers), queries=queries)
 
 
 class PoolTarget:
@@ -69,20 +78,24 @@ def autoscaler_process(fleet, pool):
         yield fleet.env.timeout(interval)
 
 
-_QUANTILE = re.compile(r"histogram_quantile\(\s*([0-9.]+)\s*,.*?(?:vllm:)?([a-z_]+)_bucket", re.S)
+def keda_value(value) -> float | None:
+    """An answer as KEDA's Prometheus scaler reads it: a number, None for an empty result."""
+    if isinstance(value, float):
+        return value
+    if len(value) > 1:
+        raise PromQLError(f"prometheus query returned multiple elements ({len(value)})")
+    return value[0][1] if value else None
 
 
-def query_value(query: str, rates, obs) -> float | None:
-    """The few PromQL shapes the simulator answers itself: histogram_quantile over a vLLM histogram;
-    everything else (sum/avg of a gauge, rates) is answered by autoscaler.signals."""
-    m = _QUANTILE.search(query)
-    if m is None:
-        return None
-    q, hist = float(m.group(1)), m.group(2)
-    if hist + "_bucket" not in LAYOUT:
-        raise ValueError(f"trigger query {query!r}: unknown histogram {hist!r}")
-    v = quantile_of(rates, hist, q)
-    return None if math.isnan(v) else v
+def trigger_values(fleet, queries, t: float, obs: Observation) -> None:
+    """Each trigger's query evaluated at t over the store; a failing query is that trigger's error."""
+    ev = Evaluator(fleet.store, default_step=round(fleet.sc.evaluation_interval * 1000))
+    t_ms = round(t * 1000)
+    for name, tree in queries:
+        try:
+            obs.metrics[name] = keda_value(ev.eval(tree, t_ms))
+        except PromQLError:
+            obs.errors.add(name)
 
 
 def build_observation(fleet, pool) -> Observation:
@@ -121,13 +134,6 @@ def build_observation(fleet, pool) -> Observation:
             v = quantile_of(rates, name, p / 100)
             if not math.isnan(v):
                 table[p] = v
-    triggers = pool.policy.triggers
-    if triggers:
-        from autoscaler.signals import fill_trigger_metrics
-
-        for trig in triggers:
-            v = query_value(trig.query, rates, obs)
-            if v is not None:
-                obs.metrics[trig.name] = v
-        fill_trigger_metrics([tr for tr in triggers if tr.name not in obs.metrics], obs)
+    if pool.policy.queries:
+        trigger_values(fleet, pool.policy.queries, t, obs)
     return obs

@@ -5,16 +5,24 @@ real one.
 Each replica keeps vLLM's counters and histograms (same buckets) cumulatively; a scrape copies
 them into a per-replica series; `rate` and `histogram_quantile` follow PromQL's semantics
 (extrapolation to the window edges, counter resets, linear interpolation inside a bucket).
+
+The same scrapes are also kept as labelled series under vLLM's names (`replica_columns`), for the
+PromQL evaluator: trigger queries and recording rules read them as they would read Prometheus.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import math
 
 import numpy as np
+from prometheus_client.utils import floatToGoString
 
 from engine.core.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from simulator.promql.storage import MemoryStorage, labels_of
+from simulator.promql.targets import Column, TargetStorage
 
 E2E_BUCKETS = REQUEST_LATENCY_BUCKETS  # e2e, queue, prefill and decode times share them
 
@@ -153,13 +161,94 @@ def histogram_quantile(q: float, le: tuple[float, ...], counts: np.ndarray) -> f
     return lower + (le[i] - lower) * (rank - below) / inside
 
 
+# a replica's scraped row: its cumulative vector, then these gauges
+GAUGES = {"waiting": "vllm:num_requests_waiting", "running": "vllm:num_requests_running",
+          "kv_usage": "vllm:kv_cache_usage_perc"}
+# counters of the vector under vLLM's names: family, extra labels
+VLLM_COUNTERS = {
+    "prompt_tokens": ("vllm:prompt_tokens", {}),
+    "generation_tokens": ("vllm:generation_tokens", {}),
+    "num_preemptions": ("vllm:num_preemptions", {}),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", {}),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", {}),
+    "request_success": ("vllm:request_success", {"finished_reason": "length"}),  # outputs run to max_tokens
+}
+# per-request token totals: vLLM exports histograms; the simulator keeps their sum and count
+TOKEN_SUMS = {"request_prompt_tokens_sum": "vllm:request_prompt_tokens",
+              "request_output_tokens_sum": "vllm:request_generation_tokens"}
+
+
+def histogram_columns(family: str, base: dict, buckets, start: int, total: int) -> list[Column]:
+    """A histogram's _bucket (cumulative, +Inf last), _sum and _count columns from `start`, and
+    _sum, _count at `total`, `total + 1`."""
+    cols = [Column(family, "histogram", labels_of({**base, "__name__": family + "_bucket",
+                                                   "le": floatToGoString(b)}), start + i)
+            for i, b in enumerate((*buckets, math.inf))]
+    cols.append(Column(family, "histogram", labels_of({**base, "__name__": family + "_sum"}), total))
+    cols.append(Column(family, "histogram", labels_of({**base, "__name__": family + "_count"}), total + 1))
+    return cols
+
+
+def replica_columns(target: dict[str, str]) -> list[Column]:
+    """Every series a replica exports, as a scrape of vLLM's /metrics shows them."""
+    cols = []
+    for key, (family, extra) in VLLM_COUNTERS.items():
+        cols.append(Column(family, "counter", labels_of({**target, **extra, "__name__": family + "_total"}),
+                           LAYOUT[key]))
+    for key, family in TOKEN_SUMS.items():
+        for suffix, index in (("_sum", LAYOUT[key]), ("_count", LAYOUT["request_success"])):
+            cols.append(Column(family + suffix, "unknown", labels_of({**target, "__name__": family + suffix}),
+                               index))
+    for h, buckets in HISTOGRAMS.items():
+        start, total = LAYOUT[h + "_bucket"].start, LAYOUT[h + "_sum"]
+        cols += histogram_columns("vllm:" + h, target, buckets, start, total)
+    for i, name in enumerate(GAUGES.values()):
+        cols.append(Column(name, "gauge", labels_of({**target, "__name__": name}), SIZE + i))
+    return cols
+
+
+_KEEP_ALL = contextvars.ContextVar("keep_all_samples", default=False)
+
+
+@contextlib.contextmanager
+def keep_all_samples():
+    """Stores made inside keep every sample of the run (for writing the series out afterwards)."""
+    token = _KEEP_ALL.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_ALL.reset(token)
+
+
 class MetricStore:
-    """Scraped samples per series (a replica, or a router), and PromQL-style reads over them."""
+    """Scraped samples per series (a replica, or a router), and PromQL-style reads over them.
+
+    `series`/`gauges` feed the Observation's fleet aggregates; `targets` holds the same scrapes as
+    labelled series and `recorded` the recording rules' output, both read by the PromQL evaluator
+    through instant() and window()."""
 
     def __init__(self, retention: float = 3600.0):
         self.series: dict[tuple, tuple[list[float], list[np.ndarray]]] = {}
         self.gauges: dict[tuple, tuple[float, dict]] = {}
-        self.retention = retention
+        self.keep_all = _KEEP_ALL.get()
+        self.targets = TargetStorage()
+        self.recorded = MemoryStorage()
+        self.retention = math.inf if self.keep_all else retention
+
+    @property
+    def retention(self) -> float:
+        return self._retention
+
+    @retention.setter
+    def retention(self, seconds: float) -> None:
+        self._retention = math.inf if self.keep_all else seconds
+        self.targets.retention = self._retention * 1000
+
+    def instant(self, matchers, t: int, lookback: int):
+        return self.targets.instant(matchers, t, lookback) + self.recorded.instant(matchers, t, lookback)
+
+    def window(self, matchers, mint: int, maxt: int):
+        return self.targets.window(matchers, mint, maxt) + self.recorded.window(matchers, mint, maxt)
 
     def scrape(self, key: tuple, t: float, vector: np.ndarray, gauges: dict | None = None) -> None:
         ts, vs = self.series.setdefault(key, ([], []))

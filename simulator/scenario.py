@@ -21,6 +21,8 @@ from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
 from simulator.dists import Dist
 from simulator.flow import Band, SaturationDetector
+from simulator.promql import PromQLError, compile_query
+from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.router import Router
 from simulator.scenario_limits import MAX_DURATION, MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
@@ -91,6 +93,8 @@ class Scenario:
     base_dir: Path = Path(".")
     name: str = "scenario"
     currency: str = "USD"  # of the pools' cost_per_hour, for the report
+    rules: list[RuleGroup] = field(default_factory=list)  # Prometheus recording rules
+    evaluation_interval: float = 60.0  # Prometheus' default global evaluation_interval
 
 
 def _given(data: dict, fields: dict) -> dict:
@@ -149,6 +153,8 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         **_given(d, {"seed": ("seed", int), "currency": ("currency", str)}),
         **_given(sections["metrics"], {"scrape_interval": ("scrape_interval", float)}),
         **_given(sections["metrics"], {"rate_window": ("rate_window", float)}),
+        **_given(sections["metrics"], {"evaluation_interval": ("evaluation_interval", float)}),
+        rules=_rules(doc.at("metrics"), base) if "metrics" in d else [],
         **_given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),
         **_given(sections["drain"], {"enabled": ("drain_after_end", bool), "max": ("max_drain", float)}),
     )
@@ -222,6 +228,7 @@ def _autoscaler(doc: Document, base: Path) -> dict:
     entry = _autoscaler_entry(doc, base)
     if entry["kind"] == "spec":
         spec = entry["spec"]
+        _check_queries(doc, spec)
         if spec.max_replicas > MAX_REPLICAS:
             raise doc.error((), f"the spec's maximum of {spec.max_replicas} replicas is more than the limit "
                             f"of {MAX_REPLICAS}")
@@ -258,6 +265,41 @@ def _autoscaler_entry(doc: Document, base: Path) -> dict:
     except ValueError as exc:
         raise doc.error(("spec",), str(exc)) from None
     return {"kind": "spec", "spec": spec, "path": path, "latency_model": lm, "where": where}
+
+
+def _rules(doc: Document, base: Path) -> list[RuleGroup]:
+    """The recording rules of metrics.rule_files and metrics.rules, their errors naming the field."""
+    groups: list[RuleGroup] = []
+    for i, f in enumerate(doc.data.get("rule_files", [])):
+        path = Path(resolve(f, base))
+        try:
+            groups += rule_groups(parse(path.read_text(), str(path)).data, str(path))
+        except FileNotFoundError:
+            raise doc.error(("rule_files", i), f"file not found: {path}") from None
+        except ValueError as exc:
+            raise doc.error(("rule_files", i), str(exc)) from None
+    if "rules" in doc.data:
+        try:
+            groups += rule_groups(doc.data["rules"], "rules")
+        except ValueError as exc:
+            raise doc.error(("rules",), str(exc)) from None
+    names = [g.name for g in groups]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise doc.error((), f"rule group(s) {', '.join(twice)} defined more than once")
+    return groups
+
+
+def _check_queries(doc: Document, spec) -> None:
+    """Every trigger query of a spec parses and uses only what the simulator's evaluator answers."""
+    for trig in spec.triggers:
+        try:
+            tree = compile_query(trig.query)
+        except PromQLError as exc:
+            raise doc.error((), f"trigger {trig.name!r}: {exc}") from None
+        if tree.type == "matrix":
+            raise doc.error((), f"trigger {trig.name!r}: query {trig.query!r} gives a range vector; a "
+                            "trigger needs an instant vector or a scalar")
 
 
 ROUTER_DEFAULTS = {

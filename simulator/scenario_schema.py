@@ -257,6 +257,13 @@ SCENARIO = mapping(
             {
                 "scrape_interval": at_least(SECONDS, MIN_SCRAPE_INTERVAL),
                 "rate_window": at_most(POS, MAX_WINDOW),
+                # Prometheus recording rules (simulator.promql.rules): rule files (or PrometheusRule
+                # manifests) next to the scenario, and/or one rule file's content inline
+                "rule_files": {"type": "array", "items": STR},
+                "rules": {"type": "object",
+                          "x-message": "must be a rule file's content: a mapping with groups"},
+                # a rule group's default interval and a subquery's default step, as Prometheus' global one
+                "evaluation_interval": at_least(SECONDS, MIN_SCRAPE_INTERVAL),
             }
         ),
         "output": mapping({"timeline_interval": at_least(SECONDS, MIN_INTERVAL)}),

@@ -1,0 +1,353 @@
+"""Evaluates a compiled query at one instant over a store, with Prometheus 2.x's semantics.
+
+    Evaluator(store).eval(tree, t_ms) -> float (scalar) | Vector | Matrix
+
+Instant selectors look back 5 minutes (a staleness marker ends a series at once); ranges are closed
+on both ends; subquery steps are aligned to multiples of the step since the epoch; every function
+drops the metric name except last_over_time; vector matching, group_left/right and bool follow the
+engine's rules, including its errors (duplicate series on the "one" side, many-to-one without
+group_left, two results with the same labels). A range query is this evaluation repeated at each
+step, which is what Prometheus computes too.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import itemgetter
+
+from simulator.promql import functions as fn
+from simulator.promql.parse import (
+    Aggregate,
+    Binary,
+    Call,
+    MatrixSelector,
+    Negate,
+    Number,
+    PromQLError,
+    Selector,
+    Subquery,
+)
+from simulator.promql.storage import Labels, Matrix, Vector, drop_name, format_labels, get
+
+LOOKBACK = 300_000  # ms: Prometheus' default query.lookback-delta
+DEFAULT_STEP = 60_000  # ms: a subquery without a step uses the global evaluation_interval (1m default)
+_first = itemgetter(0)
+
+
+def _unique(vec: Vector) -> Vector:
+    if len({lb for lb, _ in vec}) != len(vec):
+        raise PromQLError("vector cannot contain metrics with the same labelset")
+    return vec
+
+
+def go_float(text: str) -> float | None:
+    """strconv.ParseFloat's reading of a label value (le): None when Go would refuse it."""
+    if text != text.strip() or "_" in text or not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        try:
+            return float.fromhex(text)
+        except ValueError:
+            return None
+
+
+def _go_min(a: float, b: float) -> float:
+    return math.nan if math.isnan(a) or math.isnan(b) else min(a, b)
+
+
+def _go_max(a: float, b: float) -> float:
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
+
+
+class Evaluator:
+    def __init__(self, store, lookback: int = LOOKBACK, default_step: int = DEFAULT_STEP):
+        self.store = store
+        self.lookback = lookback
+        self.default_step = default_step
+
+    def eval(self, node, t: int):
+        if isinstance(node, Number):
+            return node.value
+        if isinstance(node, Selector):
+            vec = self.store.instant(node.matchers, t - node.offset, self.lookback)
+            vec.sort(key=_first)
+            return vec
+        if isinstance(node, (MatrixSelector, Subquery)):
+            return self._range(node, t)[0]
+        if isinstance(node, Negate):
+            inner = self.eval(node.expr, t)
+            if isinstance(inner, float):
+                return -inner
+            return _unique([(drop_name(lb), -v) for lb, v in inner])
+        if isinstance(node, Call):
+            return self._call(node, t)
+        if isinstance(node, Aggregate):
+            return self._aggregate(node, t)
+        if isinstance(node, Binary):
+            return self._binary(node, t)
+        raise PromQLError(f"cannot evaluate {type(node).__name__}")
+
+    # -- range vectors ------------------------------------------------------------------------------
+    def _range(self, node, t: int) -> tuple[Matrix, int, int]:
+        """(matrix, range start, range end) of a range selector or a subquery at t."""
+        if isinstance(node, MatrixSelector):
+            end = t - node.selector.offset
+            start = end - node.range
+            mat = self.store.window(node.selector.matchers, start, end)
+            mat.sort(key=_first)
+            return mat, start, end
+        step = node.step or self.default_step
+        end = t - node.offset
+        start = end - node.range
+        first = step * (start // step)
+        if first < start:
+            first += step
+        series: dict[Labels, tuple[list[int], list[float]]] = {}
+        for at in range(first, end + 1, step):
+            value = self.eval(node.expr, at)
+            for lb, v in ([((), value)] if isinstance(value, float) else value):
+                ts, vs = series.setdefault(lb, ([], []))
+                ts.append(at)
+                vs.append(v)
+        return sorted(((lb, ts, vs) for lb, (ts, vs) in series.items()), key=_first), start, end
+
+    # -- functions --------------------------------------------------------------------------------------
+    def _scalar(self, node, t: int) -> float:
+        v = self.eval(node, t)
+        if not isinstance(v, float):
+            raise PromQLError("expected a scalar argument")
+        return v
+
+    def _call(self, node: Call, t: int):
+        f, args = node.func, node.args
+        if f in fn.RANGE or f == "quantile_over_time":
+            q = self._scalar(args[0], t) if f == "quantile_over_time" else None
+            mat, start, end = self._range(args[-1], t)
+            out = []
+            for lb, ts, vs in mat:
+                if f in ("rate", "increase", "delta"):
+                    v = fn.extrapolated_rate(ts, vs, start, end, f != "delta", f == "rate")
+                elif f in ("irate", "idelta"):
+                    v = fn.instant_value(ts, vs, f == "irate")
+                elif q is not None:
+                    v = fn.quantile(q, vs)
+                else:
+                    v = fn.over_time(f, vs)
+                if v is not None:
+                    out.append((lb if f == "last_over_time" else drop_name(lb), v))
+            return _unique(out)
+        if f == "time":
+            return t / 1000
+        if f == "vector":
+            return [((), self._scalar(args[0], t))]
+        if f == "scalar":
+            vec = self.eval(args[0], t)
+            return vec[0][1] if len(vec) == 1 else math.nan
+        if f == "histogram_quantile":
+            return self._histogram_quantile(self._scalar(args[0], t), self.eval(args[1], t))
+        vec = self.eval(args[0], t)
+        if f == "clamp":
+            lo, hi = self._scalar(args[1], t), self._scalar(args[2], t)
+            if hi < lo:
+                return []
+            out = [(drop_name(lb), _go_max(lo, _go_min(hi, v))) for lb, v in vec]
+        elif f == "clamp_min":
+            lo = self._scalar(args[1], t)
+            out = [(drop_name(lb), _go_max(lo, v)) for lb, v in vec]
+        elif f == "clamp_max":
+            hi = self._scalar(args[1], t)
+            out = [(drop_name(lb), _go_min(hi, v)) for lb, v in vec]
+        elif f == "round":
+            inverse = 1.0 / (self._scalar(args[1], t) if len(args) > 1 else 1.0)
+            out = [(drop_name(lb), fn.simple("floor", v * inverse + 0.5) / inverse) for lb, v in vec]
+        else:
+            out = [(drop_name(lb), fn.simple(f, v)) for lb, v in vec]
+        return _unique(out)
+
+    @staticmethod
+    def _histogram_quantile(q: float, vec: Vector) -> Vector:
+        groups: dict[Labels, list] = {}
+        for lb, v in vec:
+            le = go_float(get(lb, "le"))
+            if le is None:
+                continue  # no or a malformed bucket label: skipped, as Prometheus does
+            key = tuple(kv for kv in lb if kv[0] != "le")
+            groups.setdefault(key, []).append((le, v))
+        out = [(drop_name(key), fn.bucket_quantile(q, buckets)) for key, buckets in groups.items()]
+        return _unique(out)
+
+    # -- aggregation ----------------------------------------------------------------------------------
+    def _aggregate(self, node: Aggregate, t: int) -> Vector:
+        param = self._scalar(node.param, t) if node.param is not None else None
+        vec = self.eval(node.expr, t)
+        grouping, op = set(node.grouping), node.op
+        groups: dict[Labels, list[float]] = {}
+        for lb, v in vec:
+            if node.without:
+                key = tuple(kv for kv in lb if kv[0] not in grouping and kv[0] != "__name__")
+            else:
+                key = tuple(kv for kv in lb if kv[0] in grouping)
+            groups.setdefault(key, []).append(v)
+        return [(key, _reduce(op, vs, param)) for key, vs in groups.items()]
+
+    # -- binary operators -----------------------------------------------------------------------------
+    def _binary(self, node: Binary, t: int):
+        lhs, rhs = self.eval(node.lhs, t), self.eval(node.rhs, t)
+        op = node.op
+        comparison = op in fn.COMPARISONS
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            if comparison:
+                return 1.0 if fn.compare(op, lhs, rhs) else 0.0
+            return fn.arith(op, lhs, rhs)
+        if isinstance(rhs, float) or isinstance(lhs, float):
+            swap = isinstance(lhs, float)
+            vec, scalar = (rhs, lhs) if swap else (lhs, rhs)
+            out = []
+            for lb, v in vec:
+                a, b = (scalar, v) if swap else (v, scalar)
+                if comparison:
+                    keep = fn.compare(op, a, b)
+                    if node.return_bool:
+                        out.append((drop_name(lb), 1.0 if keep else 0.0))
+                    elif keep:
+                        out.append((lb, v))
+                else:
+                    out.append((drop_name(lb), fn.arith(op, a, b)))
+            return _unique(out)
+        if op in ("and", "or", "unless"):
+            return self._set_op(node, lhs, rhs)
+        return _unique(self._match(node, lhs, rhs))
+
+    @staticmethod
+    def _signature(node: Binary):
+        names = set(node.labels)
+        if node.on:
+            return lambda lb: tuple(kv for kv in lb if kv[0] in names)
+        return lambda lb: tuple(kv for kv in lb if kv[0] not in names and kv[0] != "__name__")
+
+    def _set_op(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
+        sig = self._signature(node)
+        if node.op == "and":
+            if not lhs or not rhs:
+                return []
+            right = {sig(lb) for lb, _ in rhs}
+            return [s for s in lhs if sig(s[0]) in right]
+        if node.op == "or":
+            if not lhs or not rhs:
+                return list(lhs or rhs)
+            left = {sig(lb) for lb, _ in lhs}
+            return list(lhs) + [s for s in rhs if sig(s[0]) not in left]
+        if not lhs or not rhs:
+            return list(lhs)
+        right = {sig(lb) for lb, _ in rhs}
+        return [s for s in lhs if sig(s[0]) not in right]
+
+    def _match(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
+        if not lhs or not rhs:
+            return []
+        sig = self._signature(node)
+        swapped = node.card == "one-to-many"
+        many, one = (rhs, lhs) if swapped else (lhs, rhs)
+        index: dict[tuple, tuple[Labels, float]] = {}
+        for lb, v in one:
+            s = sig(lb)
+            if s in index:
+                side = "left" if swapped else "right"
+                raise PromQLError(f"found duplicate series for the match group {dict(s)} on the {side} "
+                                  f"hand-side of the operation: [{format_labels(lb)}, "
+                                  f"{format_labels(index[s][0])}];many-to-many matching not allowed: "
+                                  "matching labels must be unique on one side")
+            index[s] = (lb, v)
+        comparison = node.op in fn.COMPARISONS
+        matched: dict[tuple, set | None] = {}
+        out = []
+        for lb, v in many:
+            s = sig(lb)
+            hit = index.get(s)
+            if hit is None:
+                continue
+            a, b = (hit[1], v) if swapped else (v, hit[1])
+            if comparison:
+                keep = fn.compare(node.op, a, b)
+                value = (1.0 if keep else 0.0) if node.return_bool else a
+                if not keep and not node.return_bool:
+                    continue
+            else:
+                value = fn.arith(node.op, a, b)
+            metric = self._result_labels(node, lb, hit[0], comparison)
+            if node.card == "one-to-one":
+                if s in matched:
+                    raise PromQLError("multiple matches for labels: many-to-one matching must be explicit "
+                                      "(group_left/group_right)")
+                matched[s] = None
+            else:
+                seen = matched.setdefault(s, set())
+                if metric in seen:
+                    raise PromQLError("multiple matches for labels: grouping labels must ensure unique "
+                                      "matches")
+                seen.add(metric)
+            out.append((metric, value))
+        return out
+
+    @staticmethod
+    def _result_labels(node: Binary, many: Labels, one: Labels, comparison: bool) -> Labels:
+        d = dict(many)
+        if not comparison or node.return_bool:
+            d.pop("__name__", None)
+        if node.card == "one-to-one":
+            if node.on:
+                d = {k: v for k, v in d.items() if k in node.labels}
+            else:
+                for k in node.labels:
+                    d.pop(k, None)
+        if node.include:
+            other = dict(one)
+            for k in node.include:
+                if other.get(k):
+                    d[k] = other[k]
+                else:
+                    d.pop(k, None)
+        return tuple(sorted(d.items()))
+
+
+def _reduce(op: str, vs: list[float], param: float | None) -> float:
+    """One group of an aggregation, in Prometheus' order of operations."""
+    first = vs[0]
+    if op == "sum":
+        total = first
+        for v in vs[1:]:
+            total += v
+        return total
+    if op == "avg":
+        mean = first
+        for count, v in enumerate(vs[1:], start=2):
+            if math.isinf(mean):
+                if math.isinf(v) and (mean > 0) == (v > 0):
+                    continue
+                if not math.isinf(v) and not math.isnan(v):
+                    continue
+            mean += v / count - mean / count
+        return mean
+    if op in ("min", "max"):
+        out = first
+        for v in vs[1:]:
+            if (out < v if op == "max" else out > v) or math.isnan(out):
+                out = v
+        return out
+    if op == "count":
+        return float(len(vs))
+    if op == "group":
+        return 1.0
+    if op in ("stddev", "stdvar"):
+        mean, total = first, 0.0
+        for count, v in enumerate(vs[1:], start=2):
+            delta = v - mean
+            mean += delta / count
+            total += delta * (v - mean)
+        var = total / len(vs)
+        return math.sqrt(var) if op == "stddev" else var
+    if op == "quantile":
+        return fn.quantile(param, vs)
+    raise PromQLError(f"aggregation {op}")

@@ -1,0 +1,260 @@
+"""PromQL text -> the evaluator's own small syntax tree.
+
+promql-parser (PyPI) does the parsing; this module walks its tree once, keeps what evaluation needs
+(durations as integer milliseconds, regexes compiled, parentheses gone) and refuses, naming it, any
+function, aggregation or modifier the evaluator does not implement: a query is answered as
+Prometheus would answer it, or not at all.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+import promql_parser as pp
+
+from simulator.promql.functions import AGGREGATIONS, FUNCTIONS
+
+
+class PromQLError(ValueError):
+    """A query that does not parse, uses something unsupported, or fails to evaluate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    name: str
+    op: str  # = != =~ !~
+    value: str
+    regex: re.Pattern | None = None
+
+    def matches(self, value: str) -> bool:
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        hit = self.regex.fullmatch(value) is not None
+        return hit if self.op == "=~" else not hit
+
+
+@dataclass(frozen=True, slots=True)
+class Number:
+    value: float
+    type = "scalar"
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    matchers: tuple[Matcher, ...]
+    offset: int = 0  # ms
+    type = "vector"
+
+    @property
+    def name(self) -> str | None:
+        return next((m.value for m in self.matchers if m.name == "__name__" and m.op == "="), None)
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixSelector:
+    selector: Selector
+    range: int  # ms
+    type = "matrix"
+
+
+@dataclass(frozen=True, slots=True)
+class Subquery:
+    expr: object
+    range: int  # ms
+    step: int | None  # ms; None: the evaluator's default step
+    offset: int = 0
+    type = "matrix"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: str
+    args: tuple
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    op: str
+    expr: object
+    param: object | None
+    grouping: tuple[str, ...]
+    without: bool
+    type = "vector"
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    op: str
+    lhs: object
+    rhs: object
+    type: str
+    return_bool: bool = False
+    card: str = "one-to-one"  # one-to-one, many-to-one, one-to-many, many-to-many
+    on: bool = False
+    labels: tuple[str, ...] = ()  # on(...) / ignoring(...)
+    include: tuple[str, ...] = ()  # group_left(...) / group_right(...)
+
+
+@dataclass(frozen=True, slots=True)
+class Negate:
+    expr: object
+
+    @property
+    def type(self) -> str:
+        return self.expr.type
+
+
+# the binding's enums are not hashable: keyed by their names
+_OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+_CARD = {"OneToOne": "one-to-one", "ManyToOne": "many-to-one", "OneToMany": "one-to-many",
+         "ManyToMany": "many-to-many"}
+
+
+def _enum(value) -> str:
+    return str(value).rsplit(".", 1)[-1]
+SET_OPS = ("and", "or", "unless")
+
+
+def ms(d: timedelta) -> int:
+    return (d.days * 86400 + d.seconds) * 1000 + d.microseconds // 1000
+
+
+def compile_query(text: str) -> object:
+    """The syntax tree of `text`; PromQLError naming what does not parse or is not supported."""
+    try:
+        tree = pp.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise PromQLError(f"query {text!r} does not parse: {exc}") from None
+    node = _convert(tree)
+    if node.type not in ("vector", "scalar", "matrix"):
+        raise PromQLError(f"query {text!r}: a {node.type} is not a query result the evaluator answers")
+    return node
+
+
+def _unsupported(what: str) -> PromQLError:
+    return PromQLError(f"{what} is not supported by slopilot's PromQL evaluator (supported: selectors, "
+                       f"offset, subqueries, {', '.join(sorted(AGGREGATIONS))}, the arithmetic, comparison "
+                       f"and set operators, and the functions {', '.join(sorted(FUNCTIONS))})")
+
+
+def _selector(vs) -> Selector:
+    if vs.at is not None:
+        raise _unsupported("the @ modifier")
+    if vs.matchers.or_matchers:
+        raise _unsupported("`or` inside a label selector")
+    offset = ms(vs.offset) if vs.offset is not None else 0
+    if offset < 0:
+        raise _unsupported("a negative offset")
+    matchers = [Matcher("__name__", "=", vs.name)] if vs.name else []
+    for m in vs.matchers.matchers:
+        op = _OPS[_enum(m.op)]
+        regex = None
+        if op in ("=~", "!~"):
+            try:
+                regex = re.compile(m.value)
+            except re.error as exc:
+                raise PromQLError(f"label matcher {m.name}{op}{m.value!r}: bad regex: {exc}") from None
+        matchers.append(Matcher(m.name, op, m.value, regex))
+    return Selector(tuple(matchers), offset)
+
+
+def _convert(e) -> object:
+    if isinstance(e, pp.ParenExpr):
+        return _convert(e.expr)
+    if isinstance(e, pp.NumberLiteral):
+        return Number(float(e.val))
+    if isinstance(e, pp.StringLiteral):
+        raise _unsupported("a string literal")
+    if isinstance(e, pp.VectorSelector):
+        return _selector(e)
+    if isinstance(e, pp.MatrixSelector):
+        return MatrixSelector(_selector(e.vector_selector), ms(e.range))
+    if isinstance(e, pp.SubqueryExpr):
+        if e.at is not None:
+            raise _unsupported("the @ modifier")
+        offset = ms(e.offset) if e.offset is not None else 0
+        if offset < 0:
+            raise _unsupported("a negative offset")
+        step = ms(e.step) if e.step is not None and ms(e.step) > 0 else None
+        return Subquery(_convert(e.expr), ms(e.range), step, offset)
+    if isinstance(e, pp.UnaryExpr):
+        return Negate(_convert(e.expr))
+    if isinstance(e, pp.Call):
+        name = e.func.name
+        if name not in FUNCTIONS:
+            raise _unsupported(f"function {name}()")
+        kinds, result = FUNCTIONS[name][:2]
+        args = tuple(_convert(a) for a in e.args)
+        if len(args) > len(kinds) or len(args) < len([k for k in kinds if not k.endswith("?")]):
+            raise PromQLError(f"function {name}() takes {len(kinds)} argument(s), got {len(args)}")
+        return Call(name, args, result)
+    if isinstance(e, pp.AggregateExpr):
+        op = str(e.op)
+        if op not in AGGREGATIONS:
+            raise _unsupported(f"aggregation {op}()")
+        param = _convert(e.param) if e.param is not None else None
+        m = e.modifier
+        without = m is not None and _enum(m.type) == "Without"
+        grouping = tuple(sorted(m.labels)) if m is not None else ()
+        return Aggregate(op, _convert(e.expr), param, grouping, without)
+    if isinstance(e, pp.BinaryExpr):
+        return _binary(e)
+    raise _unsupported(f"the expression {type(e).__name__}")
+
+
+def _binary(e) -> Binary:
+    op = str(e.op)
+    lhs, rhs = _convert(e.lhs), _convert(e.rhs)
+    for side in (lhs, rhs):
+        if side.type not in ("scalar", "vector"):
+            raise PromQLError(f"binary operator {op}: operands must be instant vectors or scalars, "
+                              f"not a {side.type}")
+    kind = "scalar" if lhs.type == rhs.type == "scalar" else "vector"
+    m = e.modifier
+    if m is None:
+        card = "many-to-many" if op in SET_OPS else "one-to-one"
+        return Binary(op, lhs, rhs, kind, card=card)
+    if getattr(m, "fill_values", None) is not None and (m.fill_values.lhs is not None
+                                                         or m.fill_values.rhs is not None):
+        raise _unsupported("fill modifiers")
+    on = m.matching is not None and _enum(m.matching.type) == "Include"
+    labels = tuple(sorted(m.matching.labels)) if m.matching is not None else ()
+    return Binary(op, lhs, rhs, kind, bool(m.return_bool), _CARD[_enum(m.card)], on, labels,
+                  tuple(m.group_labels or ()))
+
+
+def children(node) -> tuple:
+    if isinstance(node, MatrixSelector):
+        return (node.selector,)
+    if isinstance(node, (Subquery, Negate)):
+        return (node.expr,)
+    if isinstance(node, Call):
+        return node.args
+    if isinstance(node, Aggregate):
+        return (node.expr,) + ((node.param,) if node.param is not None else ())
+    if isinstance(node, Binary):
+        return (node.lhs, node.rhs)
+    return ()
+
+
+def walk(node):
+    """Every node of a tree, parents first."""
+    yield node
+    for c in children(node):
+        yield from walk(c)
+
+
+def lookbehind(node, lookback: int) -> int:
+    """How far before the evaluation time (ms) a query reads samples: what a store must keep."""
+    if isinstance(node, Selector):
+        return node.offset + lookback
+    if isinstance(node, MatrixSelector):
+        return node.selector.offset + node.range
+    if isinstance(node, Subquery):
+        return node.offset + node.range + lookbehind(node.expr, lookback)
+    return max((lookbehind(c, lookback) for c in children(node)), default=0)
