@@ -26,6 +26,7 @@ from simulator.latency.probe_fit import Probe, Stream
 TOKEN_IDS = (32, 127)  # random prompt ids: printable ASCII in byte-level vocabularies
 DECODE_TOKENS = 32  # tokens each batch stream generates
 IDLE_TOKENS = 6
+IDLE_REPEAT = 3
 NEWCOMER_AFTER = 6  # batch tokens seen before the first newcomer is sent (and between newcomers)
 CACHE_INFO = "vllm:cache_config_info"
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_hits_total",
@@ -67,7 +68,9 @@ def plan(settings: dict, rng: np.random.Generator, round_: int = 0) -> list[Spec
     longest = min(budget, room)
     prompts = [int(v) for v in np.unique(np.geomspace(16, longest, 8).astype(int))]
     batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < seqs] + [seqs]
-    specs = [Spec("idle", 1, min(jitter(p), longest), IDLE_TOKENS) for p in _spread(prompts)]
+    # idle requests are short: each length thrice, as one TTFT is at the mercy of a busy machine
+    specs = [Spec("idle", 1, n, IDLE_TOKENS) for n in (min(jitter(p), longest) for p in _spread(prompts))
+             for _ in range(IDLE_REPEAT)]
     joins = _spread(prompts)
     for i, b in enumerate(_spread(batches)):
         # a long context that the batch can hold and prefill in a few steps

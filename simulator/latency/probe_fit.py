@@ -161,7 +161,8 @@ class ProbeFit:
     model: LatencyModel
     heldout: dict
     rows: list[dict]
-    frontend_ms: float  # client TTFT at idle less the prefill step: the HTTP path and tokenizer
+    frontend_ms: float  # client TTFT at idle less the prefill step: the HTTP path and tokenizer ...
+    frontend_ms_per_token: float  # ... plus this much per prompt token
 
 
 def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float = 0.2, seed: int = 0,
@@ -179,14 +180,18 @@ def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float 
     if not rows:
         raise ValueError(f"{source}: the probe load gave no usable steps")
     first = fit(_profile(rows, key, source))
-    frontend = 0.0
+    frontend, per_token = 0.0, 0.0
     if ttfts:
-        lengths, ms = np.array(ttfts).T
-        pred = first.step_ms_array(lengths, lengths, 0, 0)
-        frontend = max(0.0, float(np.median(ms - pred)))
+        lengths, ms = np.array(ttfts, dtype=float).T
+        extra = ms - first.step_ms_array(lengths, lengths, 0, 0)
+        # the request body and its parsing grow with the prompt: a line in its length, slope >= 0
+        per_token = max(0.0, _slope(lengths, extra)) if len(set(lengths)) > 2 else 0.0
+        frontend = max(0.0, float(np.median(extra - per_token * lengths)))
         for n, t in ttfts:
-            if t - frontend > 0:
-                rows.append(_row("prefill", int(n), int(n), 1, 0, 0, t - frontend, "idle"))
+            step = t - frontend - per_token * n
+            if step > 0:
+                rows.append(_row("prefill", int(n), int(n), 1, 0, 0, step, "idle"))
     model, heldout, _ = calibrate(_profile(rows, key, source), frac=frac, seed=seed, refit_all=True)
     model.provenance["frontend_ms"] = frontend
-    return ProbeFit(model, heldout, rows, frontend)
+    model.provenance["frontend_ms_per_prompt_token"] = per_token
+    return ProbeFit(model, heldout, rows, frontend, per_token)

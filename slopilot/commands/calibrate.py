@@ -18,6 +18,7 @@ HELP = ("fit a step-latency model to a profile CSV, or to a running server (--fr
 DEFAULT_BUDGET_S = 120.0
 # what the probe assumes of a server whose settings it can neither read nor was told (vLLM's serving
 # defaults, with the batch capped so a probe stays short); assumed values are not recorded in the model
+SHAPE = ("prefill_tokens", "prefill_context", "decode_seqs", "decode_context", "prefill_seqs")
 ASSUMED = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_model_len": 4096}
 
 
@@ -164,7 +165,8 @@ def run_from_server(args: argparse.Namespace) -> int:
         before = read_metrics(client, url)
     known, used = server_settings(args, before.get("info", {}), listed_len)
     print(f"probing {name} at {url} for up to {args.budget:g} s; settings "
-          + ", ".join(f"{k}={v}" + ("" if k in known else " (assumed)") for k, v in used.items()))
+          + ", ".join(f"{k}={v}" + ("" if k in known else " (assumed)") for k, v in used.items()
+                      if k != "kv_tokens"))
     columns = (TextColumn("[bold]probe[/]"), BarColumn(),
                TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TextColumn("{task.fields[what]}"),
                TimeElapsedColumn())
@@ -184,10 +186,14 @@ def run_from_server(args: argparse.Namespace) -> int:
     model.engine_settings = known
     model.provenance["probe"] = {"url": url, "budget_s": args.budget, "probes": len(probes),
                                  "step_rows": len(result.rows),
+                                 # (prefill_tokens, prefill_context, decode_seqs, decode_context,
+                                 # prefill_seqs) of each measured step: the probe range
+                                 "shapes": [[r[k] for k in SHAPE] for r in result.rows],
                                  "cross_check": cross_check(probes, before, after)}
     model.save(args.output)
     print(f"{model}: {len(result.rows)} step rows from {len(probes)} probes; front end "
-          f"{result.frontend_ms:.2f} ms (idle TTFT less the prefill step)")
+          f"{result.frontend_ms:.2f} ms + {1000 * result.frontend_ms_per_token:.2f} us a prompt token "
+          "(idle TTFT less the prefill step)")
     for line in model.provenance["probe"]["cross_check"]:
         print("  /metrics: " + line)
     print(f"held-out error (random {args.holdout_frac:.0%}):")
