@@ -111,7 +111,8 @@ def load_plan(source: str | Path | dict) -> Plan:
         seeds=[int(s) for s in d.get("seeds", [0])],
         duration=float(d["duration"]),
         compress=compress,
-        workload=scaled_workload(_resolved(d["workload"], base), float(d.get("growth", 1.0)), compress),
+        workload=scaled_workload(resolved_workload(d["workload"], base), float(d.get("growth", 1.0)),
+                                 compress),
         slo=d["slo"],
         startup_delay=d.get("startup_delay", 0.0),
         router=d.get("router", ROUTER_DEFAULT),
@@ -128,7 +129,7 @@ def _unique(doc: Document, key: str, names: list[str]) -> None:
         raise doc.error((key,), f"names must be unique, got {names}")
 
 
-def _resolved(workload: dict, base: Path) -> dict:
+def resolved_workload(workload: dict, base: Path) -> dict:
     """The workload with its trace paths made absolute (the runs may happen anywhere)."""
     out = dict(workload)
     for key in ("trace", "lengths_from"):

@@ -58,7 +58,7 @@ def _cell(v) -> str:
     return "-" if v is None else html.escape(str(v))
 
 
-def _table(head: list[str], rows: list[list]) -> str:
+def html_table(head: list[str], rows: list[list]) -> str:
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r) + "</tr>" for r in rows]
     return "".join(out) + "</table>"
@@ -80,7 +80,7 @@ def plan_html(result: dict, images: list[str]) -> str:
              None if o["attainment"] is None else f"{100 * o['attainment']:.2f}%",
              "yes" if o["met"] else "NO", "yes" if o["pareto"] else ""]
             for i, o in enumerate(result["ranking"])]
-    parts.append(_table(["#", "candidate", "policy", "replicas at peak", "GPUs at peak", "cost/h at peak",
+    parts.append(html_table(["#", "candidate", "policy", "replicas at peak", "GPUs at peak", "cost/h at peak",
                          "cost/day", "attainment", "SLOs met", "Pareto"], rows))
     parts.append("<h2>Candidates</h2>")
     rows = []
@@ -91,7 +91,7 @@ def plan_html(result: dict, images: list[str]) -> str:
                      f"{cap['spread']['min']:.3g}-{cap['spread']['max']:.3g}",
                      st.get("replicas"), st.get("cost_per_hour"), st.get("cost_per_million_output_tokens"),
                      orc.get("cost_per_day")])
-    parts.append(_table(["candidate", "latency model", "GPUs a replica", "price a GPU-hour",
+    parts.append(html_table(["candidate", "latency model", "GPUs a replica", "price a GPU-hour",
                          "capacity (req/s a replica)", "over seeds", "static replicas", f"static {cur}/h",
                          f"static {cur} per M output tokens", f"oracle bound {cur}/day"], rows))
     for img in images:

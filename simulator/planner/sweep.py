@@ -16,19 +16,23 @@ import os
 from collections.abc import Generator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Job:
-    scenario: dict  # a scenario as load_scenario reads it, with absolute paths
+    scenario: dict  # a scenario as load_scenario reads it
     seed: int
     timeline: bool = False  # also return replicas and arrival rate over time
+    base_dir: str | None = None  # where the scenario's relative paths start (None: they are absolute)
 
 
 def run_job(job: Job) -> dict:
     from simulator.run import simulate
+    from simulator.scenario import load_scenario
 
-    res = simulate(job.scenario, seed=job.seed, plots=False)
+    base = Path(job.base_dir) if job.base_dir else None
+    res = simulate(load_scenario(job.scenario, base_dir=base), seed=job.seed, plots=False)
     out = {"summary": res.summary}
     if job.timeline:
         out["timeline"] = replicas_over_time(res.fleet.timeline)
