@@ -27,6 +27,7 @@ TOKEN_IDS = (32, 127)  # random prompt ids: printable ASCII in byte-level vocabu
 DECODE_TOKENS = 32  # tokens each batch stream generates
 IDLE_TOKENS = 6
 IDLE_REPEAT = 3
+NEWCOMERS = 3  # single-step prefills injected into each batch
 NEWCOMER_AFTER = 6  # batch tokens seen before the first newcomer is sent (and between newcomers)
 CACHE_INFO = "vllm:cache_config_info"
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_hits_total",
@@ -77,7 +78,8 @@ def plan(settings: dict, rng: np.random.Generator, round_: int = 0) -> list[Spec
         long = max(16, min(1024, 4 * budget // b, kv // b - DECODE_TOKENS - 16, room))
         for prompt in (min(32, long), long):
             fits = [p for p in joins if p + b <= budget] or [max(1, budget - b)]  # a join is one step
-            newcomers = tuple(min(jitter(fits[(2 * i + k) % len(fits)]), budget - b) for k in range(2))
+            picks = (fits[(NEWCOMERS * i + k) % len(fits)] for k in range(NEWCOMERS))
+            newcomers = tuple(min(jitter(p), budget - b) for p in picks)
             specs.append(Spec("batch", b, min(jitter(prompt), room), DECODE_TOKENS, newcomers))
     return specs
 

@@ -24,7 +24,14 @@ from simulator.flow import Band, SaturationDetector
 from simulator.promql import PromQLError, compile_query
 from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.router import Router
-from simulator.scenario_limits import MAX_DURATION, MAX_KV_BLOCKS, MAX_REPLICAS, MIN_INTERVAL, check_limits
+from simulator.scenario_limits import (
+    MAX_DURATION,
+    MAX_KV_BLOCKS,
+    MAX_NUM_SEQS,
+    MAX_REPLICAS,
+    MIN_INTERVAL,
+    check_limits,
+)
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
 from simulator.scenario_workload import workload_config
 
@@ -187,6 +194,8 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     lm = p["latency_model"]
     if "/" in lm or lm.endswith(".json"):
         lm = resolve(lm, base)
+    if p.get("settings_from_model"):
+        kw = {**_model_settings(doc, lm, "kv_memory" not in p), **kw}  # the pool's own fields win
     if "kv_memory" in p:
         km = p["kv_memory"]
         kw["kv_memory"] = {
@@ -218,6 +227,33 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
         key = "kv_memory" if pool.kv_memory is not None else "max_model_len"
         raise doc.error((key,), f"gives {blocks} KV blocks a replica, more than the limit of {MAX_KV_BLOCKS}")
     return pool
+
+
+# a calibrated server's recorded setting -> the pool field it sets
+MODEL_SETTINGS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+                  "max_model_len": "max_model_len", "num_kv_blocks": "kv_blocks", "block_size": "block_size",
+                  "enable_prefix_caching": "prefix_caching"}
+
+
+def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:
+    """The scheduling settings a latency model recorded of the server it was calibrated on."""
+    from simulator.latency import load_latency_model
+
+    try:
+        recorded = load_latency_model(lm).engine_settings
+    except (OSError, ValueError) as exc:
+        raise doc.error(("settings_from_model",), f"cannot read the latency model: {exc}") from None
+    out = {MODEL_SETTINGS[k]: v for k, v in recorded.items() if k in MODEL_SETTINGS}
+    if not kv_blocks:
+        out.pop("kv_blocks", None)
+    limits = {"max_num_seqs": MAX_NUM_SEQS, "kv_blocks": MAX_KV_BLOCKS}
+    for key, value in out.items():
+        if isinstance(value, bool) != (key == "prefix_caching") or (key != "prefix_caching" and value < 1):
+            raise doc.error(("settings_from_model",), f"the latency model records {key} = {value!r}")
+        if value > limits.get(key, value):
+            raise doc.error(("settings_from_model",), f"the latency model records {key} = {value}, more "
+                            f"than the limit of {limits[key]}")
+    return out
 
 
 SCHEDULE_POLLING = inspect.signature(SchedulePolicy).parameters["polling_interval"].default

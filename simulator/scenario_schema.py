@@ -197,6 +197,7 @@ POOL = mapping(
         "cost_per_hour": NONNEG,
         "step_overhead_ms": NONNEG,
         "wakeup_ms": NONNEG,
+        "settings_from_model": BOOL,  # scheduling settings not given here: the latency model's recorded ones
         "failure": mapping(
             {"mtbf": at_least(POS, MIN_MTBF), "repair": DIST, "on_failure": {"enum": ["retry", "drop"]}},
             ("mtbf",),
