@@ -250,6 +250,31 @@ class MetricStore:
     def window(self, matchers, mint: int, maxt: int):
         return self.targets.window(matchers, mint, maxt) + self.recorded.window(matchers, mint, maxt)
 
+    def families(self):
+        """(family, type, [(labels, ts, vs)]) of every series kept, family by family (OpenMetrics order):
+        the scraped ones, then the recording rules' output."""
+        members: dict[str, tuple[str, list]] = {}
+        for target in self.targets.targets.values():
+            for c in target.columns:
+                members.setdefault(c.family, (c.type, []))[1].append((target, c))
+        stacked: dict[int, np.ndarray] = {}
+        for family, (kind, cols) in members.items():
+            series = []
+            for target, c in cols:
+                if not target.ts:
+                    continue
+                block = stacked.get(id(target))
+                if block is None:
+                    block = stacked[id(target)] = np.vstack(target.rows).T
+                series.append((c.labels, target.ts, block[c.index].tolist()))
+            if series:
+                yield family, kind, series
+        recorded: dict[str, list] = {}
+        for s in self.recorded.series.values():
+            recorded.setdefault(dict(s.labels)["__name__"], []).append((s.labels, s.ts, s.vs))
+        for family, series in recorded.items():
+            yield family, "unknown", series
+
     def scrape(self, key: tuple, t: float, vector: np.ndarray, gauges: dict | None = None) -> None:
         ts, vs = self.series.setdefault(key, ([], []))
         ts.append(t)

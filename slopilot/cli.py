@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, str] = {
     "convert": "slopilot.commands.convert",
     "simulate": "slopilot.commands.simulate",
     "replay": "slopilot.commands.replay",
+    "query": "slopilot.commands.query",
+    "record": "slopilot.commands.record",
     "export": "slopilot.commands.export",
     "control": "slopilot.commands.control",
     "fleet": "slopilot.commands.fleet",

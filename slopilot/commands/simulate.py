@@ -1,9 +1,17 @@
-"""`slopilot simulate SCENARIO.yaml --out DIR [--seed N] [--fail-on-slo-miss]`."""
+"""`slopilot simulate SCENARIO.yaml --out DIR [--seed N] [--fail-on-slo-miss] [--export-series]`.
+
+--export-series also writes DIR/series.om: every scraped series (and recording rule output) of the
+run, with timestamps, as OpenMetrics text: `slopilot query DIR ...` reads it, and
+`promtool tsdb create-blocks-from openmetrics DIR/series.om DATA` loads it into a Prometheus TSDB.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from pathlib import Path
 
 HELP = "simulate a fleet of engine replicas under a workload and an autoscaling policy"
 GUIDE = ("scenario reference and examples: docs/guide.md (Plan capacity with the simulator) and "
@@ -21,26 +29,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-by-step", action="store_true", help="disable the closed-form fast path (slow; for checking)"
     )
+    parser.add_argument("--export-series", action="store_true",
+                        help="also write DIR/series.om, the run's scraped series in OpenMetrics text "
+                        "(for `slopilot query`, or promtool tsdb create-blocks-from openmetrics)")
     parser.add_argument("--fail-on-slo-miss", action="store_true",
                         help="exit with status 1 when the run missed any of the scenario's SLOs (for CI)")
 
 
+def export_series(store, path: Path) -> None:
+    """The run's series as OpenMetrics text (written aside, then moved into place)."""
+    from simulator.promql.openmetrics import write_openmetrics
+
+    part = path.with_name(f".{path.name}.part")
+    try:
+        with part.open("w", encoding="utf-8") as f:
+            write_openmetrics(f, store.families())
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    from simulator.metrics import keep_all_samples
     from simulator.report import slos_missed, summary_lines
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
     sc = load_scenario(args.scenario, duration=args.duration)
-    res = simulate(
-        sc,
-        args.out,
-        seed=args.seed,
-        progress=not args.no_progress and sys.stderr.isatty(),
-        fast=not args.step_by_step,
-        plots=not args.no_plots,
-    )
+    with keep_all_samples() if args.export_series else contextlib.nullcontext():
+        res = simulate(
+            sc,
+            args.out,
+            seed=args.seed,
+            progress=not args.no_progress and sys.stderr.isatty(),
+            fast=not args.step_by_step,
+            plots=not args.no_plots,
+        )
+    if args.export_series:
+        export_series(res.fleet.store, Path(args.out) / "series.om")
     for line in summary_lines(res.summary):
         print(line)
     print(f"wrote {args.out}/requests.csv, timeline.csv, summary.json, report.html"
-          + ("" if args.no_plots else " and the plots"))
+          + ("" if args.no_plots else " and the plots") + (", series.om" if args.export_series else ""))
     return 1 if args.fail_on_slo_miss and slos_missed(res.summary) else 0
