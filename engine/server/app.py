@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,6 +53,9 @@ class ServerState:
         self.max_waiting, self.health_hold = max_waiting, health_hold
         self.ready_at = float("inf")  # set when the app starts
         self.admitting = 0  # requests past the queue check, not yet added to the engine (tokenizing)
+        # one thread: tokenizing is CPU work under the GIL, and every thread more doing it at once
+        # would take another share of the interpreter from the event loop
+        self.tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     def not_ready(self) -> str | None:
         """Why requests cannot run now (the 503 message), or None."""
@@ -76,11 +80,14 @@ def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = Non
         state.ready_at = time.monotonic() + health_hold
         yield
         engine.stop()
+        state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="slopilot engine", version=version(), lifespan=lifespan)
     app.state.server = state
+    # past the queue bound, requests beyond those the engine may run at once can only get 429
+    in_flight = None if max_waiting is None else max_waiting + engine.engine.scheduler.max_num_seqs
     app.add_middleware(Gate, api_key=api_key, protect_metrics=protect_metrics,
-                       max_body_bytes=max_request_bytes, ready=state.not_ready)
+                       max_body_bytes=max_request_bytes, max_in_flight=in_flight, ready=state.not_ready)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -129,8 +136,9 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
 def _validation_body(errors: list) -> dict:
-    """The first validation error as a 400 body: param is the top-level field, the message its path."""
-    first = errors[0] if errors else {}
+    """One validation error as a 400 body: param is the top-level field, the message its path. A
+    value that fails one of our checks (e.g. not UTF-8) says more than a union branch it does not fit."""
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
     if first.get("type") == "json_invalid":  # loc is then the byte offset, not a field
         return error_body(f"malformed JSON body: {first.get('ctx', {}).get('error', 'invalid JSON')}",
                           "BadRequestError", 400)
@@ -219,13 +227,15 @@ async def _serve(state: ServerState, raw: Request, req: SamplingFields, prompt, 
     try:
         if _prompt_size(prompt) <= INLINE_TOKENIZE_MAX:
             ids = _prompt_ids(state.engine, prompt)
-        else:  # in a worker thread: /health and the other requests go on meanwhile
-            ids = await asyncio.to_thread(_prompt_ids, state.engine, prompt)
+        else:  # in the tokenizer thread: /health and the other requests go on meanwhile
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(state.tokenizer_pool, _prompt_ids, state.engine, prompt)
         max_tokens = _max_tokens(state, ids, max_tokens)
         params = _sampling_params(req, max_tokens)
         _check_running(state)  # the engine may have died or closed while we tokenized
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = state.engine.add(request_id, ids, params, state.engine.engine.clock(), req.priority)
+        del ids  # the engine keeps its own copy; a queued request holds no second one
     finally:
         state.admitting -= 1
     shaper = Shaper(request_id, state.model_name, chat)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-# requests queued in the engine (or on their way to it) beyond which new ones get 429 at once:
-# a request behind this many others cannot meet a latency SLO, and the autoscaler sees the queue
-MAX_WAITING = 1024
+# requests queued in the engine (or on their way to it) beyond which new ones get 429 at once: a
+# request behind this many others (4 full batches at the default --max-num-seqs) cannot meet a
+# latency SLO anyway, the autoscaler still sees the queue, and the live heap stays small enough
+# for a full garbage collection to pause the server for tens of milliseconds, not hundreds
+MAX_WAITING = 256
 # larger than any prompt of a 128k-token context in JSON (as text or token ids), and small enough
 # that parsing one body stays well under a second of event-loop time
 MAX_REQUEST_BYTES = 4 * 1024 * 1024

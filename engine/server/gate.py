@@ -1,5 +1,7 @@
-"""What every request passes before routing (pure ASGI, so streaming is untouched): the body-size
-limit (413), the API key (401) and the loading / dead-engine check (503)."""
+"""What every request passes before routing (pure ASGI, so streaming is untouched): the API key
+(401), the loading / dead-engine check (503), the body-size limit (413) and the cap on requests in
+flight (429). The cap refuses a request before its body is read, so a flood of clients costs a few
+objects each: the memory held and the garbage collector's pauses stay bounded."""
 
 from __future__ import annotations
 
@@ -30,13 +32,15 @@ class ClientGone(Exception):
 
 
 class Gate:
-    """ready() -> None when requests may run, else the 503 message (still loading, engine dead)."""
+    """ready() -> None when requests may run, else the 503 message (still loading, engine dead).
+    max_in_flight: POSTs to /v1 at once (being read, queued, running or answered); None: no cap."""
 
     def __init__(self, app, *, api_key: str | None, protect_metrics: bool, max_body_bytes: int,
-                 ready: Callable[[], str | None]):
+                 max_in_flight: int | None, ready: Callable[[], str | None]):
         self.app, self.max_body_bytes, self.ready = app, max_body_bytes, ready
         self.key = f"Bearer {api_key}".encode() if api_key is not None else None
         self.protect_metrics = protect_metrics
+        self.max_in_flight, self.in_flight = max_in_flight, 0
 
     def _authorized(self, scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
@@ -59,14 +63,22 @@ class Gate:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await send_error(send, _too_large(self.max_body_bytes))
             return
+        counted = api and scope["method"] == "POST"
+        if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            await send_error(send, APIError(429, f"the server is overloaded: {self.in_flight} requests are "
+                                                 "already queued or running", "RateLimitError"))
+            return
+        self.in_flight += counted
         try:
             body = await self._read_body(receive)
+            if body is None:
+                await send_error(send, _too_large(self.max_body_bytes))
+                return
+            await self.app(scope, _replay(body, receive), send)
         except ClientGone:
             return
-        if body is None:
-            await send_error(send, _too_large(self.max_body_bytes))
-            return
-        await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.in_flight -= counted
 
     async def _read_body(self, receive) -> bytes | None:
         """The whole body, or None once it passes the limit (a chunked body has no length to check)."""

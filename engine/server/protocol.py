@@ -77,7 +77,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     # tried in this order: a long list of token ids is validated once, not once a branch
     prompt: Text | list[int] | list[Text] | list[list[int]] = Field(union_mode="left_to_right")
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -103,8 +103,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
