@@ -32,10 +32,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], timeout: float = 120) -> tuple[subprocess.Popen, str]:
+def start_server(args: list[str], timeout: float = 120,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "slopilot.cli", "serve", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
