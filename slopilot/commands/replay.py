@@ -1,4 +1,6 @@
-"""`slopilot replay --spec SPEC.yaml --metrics SERIES.csv [-o OUT.csv]`.
+"""`slopilot replay --spec SPEC.yaml --metrics SERIES.csv [-o OUT.csv]`, or with
+`--prometheus URL --start S --end E [--step D]` in place of --metrics: the series is recorded from
+Prometheus first (as `slopilot record` does) and replayed at once.
 
 The series is streamed: each decision is written as soon as the rows it needs are read, so a series
 of millions of rows replays in constant memory. With -o the file appears only when the whole series
@@ -8,7 +10,9 @@ replayed (a bad line leaves no half-written file).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import io
 import itertools
 import json
 import os
@@ -22,7 +26,12 @@ GUIDE = "series format and examples: docs/guide.md (Test a ScaledObject on recor
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = GUIDE
     parser.add_argument("--spec", required=True, help="KEDA ScaledObject or InferenceAutoscaler YAML")
-    parser.add_argument("--metrics", required=True, help="series CSV: time, one column per trigger, ...")
+    parser.add_argument("--metrics", help="series CSV: time, one column per trigger, ...")
+    parser.add_argument("--prometheus", help="record the series from this Prometheus (base URL) over "
+                        "--start..--end instead of reading --metrics")
+    from slopilot.commands.record import add_range_arguments
+
+    add_range_arguments(parser, required=False)
     parser.add_argument("-o", "--output", help="write the decisions CSV here (default: stdout)")
     parser.add_argument(
         "--initial-replicas",
@@ -75,7 +84,14 @@ def run(args: argparse.Namespace) -> int:
     from autoscaler.replay import Series, check_interval, replay_iter
     from autoscaler.spec import load_spec, make_policy
 
-    spec_path, series_path = Path(args.spec), Path(args.metrics)
+    if (args.metrics is None) == (args.prometheus is None):
+        raise ValueError("give --metrics SERIES.csv, or --prometheus URL --start S --end E")
+    if args.prometheus is None and (args.start or args.end or args.step):
+        raise ValueError("--start, --end and --step go with --prometheus")
+    if args.prometheus is not None and not (args.start and args.end):
+        raise ValueError("--prometheus needs --start and --end")
+    spec_path = Path(args.spec)
+    series_path = Path(args.metrics or f"{args.prometheus} {args.start}..{args.end}")
     try:
         spec = load_spec(spec_path.read_text(), str(spec_path))
     except ValueError as exc:
@@ -94,7 +110,14 @@ def run(args: argparse.Namespace) -> int:
                              "`slopilot calibrate`, or a shipped model's name)") from None
         raise ValueError(f"{spec_path}: {exc}") from None
     initial = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
-    with series_path.open("rb") as lines:
+    if args.prometheus is not None:
+        from slopilot.commands.record import record, time_range
+
+        start, end, step, rfc = time_range(args, spec)
+        source = contextlib.nullcontext(io.StringIO(record(args.prometheus, spec, start, end, step, rfc)))
+    else:
+        source = series_path.open("rb")
+    with source as lines:
         series = Series(lines, [t.name for t in spec.triggers], str(series_path))
         decisions = replay_iter(policy, series, interval, initial, at_rows=series.decision_log,
                                 name=str(series_path))
