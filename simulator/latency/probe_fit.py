@@ -177,6 +177,8 @@ def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float 
             r, t = idle_rows(p)
             rows += r
             ttfts += t
+    # a step whose estimate is not positive was lost in the client's or the server's jitter
+    rows = [r for r in rows if np.isfinite(r["latency_ms"]) and r["latency_ms"] > 0]
     if not rows:
         raise ValueError(f"{source}: the probe load gave no usable steps")
     first = fit(_profile(rows, key, source))
