@@ -40,8 +40,8 @@ class KubeLoop(AutoscalerLoop):
         self.status, self.events = status, events
         self.blocked: tuple[str, str] | None = None
         self._written: tuple[str, dict] | None = None  # (resourceVersion we wrote over, what we stored)
-        target.on_scaled = self._scaled
-        target.on_failed = self._failed
+        target.on_scaled = self._event_scaled
+        target.on_failed = self._event_scale_failed
         saved = (obj.get("status") or {}).get("policyState")
         if saved:
             policy.load_state_dict(saved.get("policy") or {})
@@ -132,11 +132,11 @@ class KubeLoop(AutoscalerLoop):
 
         self._store(obj, mutate)
 
-    def _scaled(self, old: int, new: int, reason: str) -> None:
+    def _event_scaled(self, old: int, new: int, reason: str) -> None:
         self.events.emit(object_ref(self.current()), "Normal", "SuccessfulRescale",
                          f"New size: {new} (was {old}); reason: {reason}")
 
-    def _failed(self, desired: int, message: str) -> None:
+    def _event_scale_failed(self, desired: int, message: str) -> None:
         self.events.emit(object_ref(self.current()), "Warning", "FailedRescale", message)
 
 

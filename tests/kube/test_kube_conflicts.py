@@ -5,7 +5,7 @@ ScaledObject or an older InferenceAutoscaler is refused with a condition and an 
 from __future__ import annotations
 
 from tests.kube.apiserver.errors import conflict
-from tests.kube.conftest import deployment, queue_autoscaler, set_ready, wait_for
+from tests.kube.helpers import deployment, keda_crd, queue_autoscaler, scaled_object, set_ready, wait_for
 
 
 def first_write_conflicts(cluster, resources: set[tuple[str, str]]):
@@ -61,6 +61,9 @@ def test_a_conflict_on_every_first_write_is_retried_and_applied(cluster, metrics
     i = reqs.index(("update", "deployments", "scale", 409))
     assert reqs[i + 1] == ("get", "deployments", "scale", 200)
     assert ("update", "deployments", "scale", 200) in reqs[i + 2:]
+    i = reqs.index(("update", "inferenceautoscalers", "status", 409))
+    assert reqs[i + 1:i + 3] == [("get", "inferenceautoscalers", "", 200),
+                                 ("update", "inferenceautoscalers", "status", 200)]
     st = ias["status"]
     assert st["currentReplicas"] == 1 or st["currentReplicas"] == 3
     assert {c["type"]: c["status"] for c in st["conditions"]}["AbleToScale"] == "True"
@@ -100,32 +103,6 @@ HPA = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metad
                 "minReplicas": 1, "maxReplicas": 4,
                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
                     "type": "Utilization", "averageUtilization": 80}}}]}}
-
-
-def keda_crd() -> dict:
-    """A minimal ScaledObject CRD (what matters here: its group, names and status subresource)."""
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "scaledobjects.keda.sh"},
-            "spec": {"group": "keda.sh", "scope": "Namespaced",
-                     "names": {"kind": "ScaledObject", "listKind": "ScaledObjectList",
-                               "plural": "scaledobjects",
-                               "singular": "scaledobject", "shortNames": ["so"]},
-                     "versions": [{"name": "v1alpha1", "served": True, "storage": True,
-                                   "subresources": {"status": {}},
-                                   "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                                       "spec": {"type": "object",
-                                                "x-kubernetes-preserve-unknown-fields": True},
-                                       "status": {"type": "object",
-                                                  "x-kubernetes-preserve-unknown-fields": True}}}}}]}}
-
-
-def scaled_object(name: str, target: str, annotations: dict | None = None) -> dict:
-    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-            "metadata": {"name": name, **({"annotations": annotations} if annotations else {})},
-            "spec": {"scaleTargetRef": {"name": target}, "pollingInterval": 1, "minReplicaCount": 1,
-                     "maxReplicaCount": 5, "cooldownPeriod": 5,
-                     "triggers": [{"type": "prometheus", "name": "queue", "metadata": {
-                         "query": "sum(vllm:num_requests_waiting)", "threshold": "2"}}]}}
 
 
 def test_targets_owned_by_others_are_refused(cluster, metrics_page):

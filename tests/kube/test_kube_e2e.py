@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from controlplane.loadgen import LoadGenerator, LoadSpec
-from tests.kube.conftest import deployment, queue_autoscaler, wait_for
+from tests.kube.helpers import deployment, queue_autoscaler, wait_for
 from tests.kube.kubelet import FakeKubelet
 
 POLL, SCRAPE, WINDOW = 2.0, 1.0, 10

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.kube.conftest import SYSTEM_NS, deployment, queue_autoscaler, set_ready, wait_for
+from tests.kube.helpers import SYSTEM_NS, deployment, queue_autoscaler, set_ready, wait_for
 
 FAST = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
 WRITES = {"create", "update", "patch", "delete"}

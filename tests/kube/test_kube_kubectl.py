@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.kube.conftest import ROOT
+from tests.kube.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 
@@ -155,7 +155,9 @@ def test_the_official_client_sees_real_api_semantics(cluster):
     # RBAC holds: the controller's ServiceAccount may not create deployments
     from controlplane.kube.client import connect
 
-    apps = client.AppsV1Api(connect(str(cluster.controller_config)))
+    probe = connect(str(cluster.controller_config))
+    probe.user_agent = "rbac-probe"  # not the controller's requests
+    apps = client.AppsV1Api(probe)
     with pytest.raises(ApiException) as denied:
         apps.create_namespaced_deployment("shop", yaml.safe_load(ENGINE))
     assert denied.value.status == 403 and "cannot create resource" in denied.value.body

@@ -5,8 +5,7 @@ resource found through discovery), and KEDA ScaledObjects run only when handed t
 from __future__ import annotations
 
 from tests.kube.apiserver.errors import conflict
-from tests.kube.conftest import deployment, queue_autoscaler, set_ready, wait_for
-from tests.kube.test_kube_conflicts import keda_crd, scaled_object
+from tests.kube.helpers import deployment, keda_crd, queue_autoscaler, scaled_object, set_ready, wait_for
 
 LWS = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
 POOL = ("inference.example.com", "v1", "servingpools", "ServingPool")  # a kind no table knows

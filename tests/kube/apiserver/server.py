@@ -154,6 +154,7 @@ class ApiServer:
         query = parse_qs(split.query)
         info = request_info(h.command, split.path, query)
         info.user_agent = h.headers.get("User-Agent", "")
+        h.read_body()  # always: an answer before the body is read would leave it on the connection
         try:
             auth = h.headers.get("Authorization", "")
             user = self.tokens.get(auth[7:]) if auth.startswith("Bearer ") else None
@@ -403,9 +404,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def body(self) -> bytes:
+    _body = b""
+
+    def read_body(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+        self._body = self.rfile.read(n) if n else b""
+
+    def body(self) -> bytes:
+        return self._body
 
     def reply(self, status: int, body, ctype: str = "", warnings: list[str] = ()) -> None:
         if isinstance(body, (dict, list)):
