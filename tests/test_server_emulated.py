@@ -5,7 +5,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from engine.emulated import EmulatedRunner, VirtualClock
 from engine.llm_engine import LLMEngine
 from engine.server import BackgroundServer, build_engine, build_server
 from simulator.latency import load_latency_model
+from tests import server_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = "h100-llama2-70b-tp4"
@@ -149,30 +149,8 @@ def test_client_side_ttft_and_itl_match_the_latency_model():
     assert itl_measured == pytest.approx(itl_predicted, rel=0.10), report
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_serve(*extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "serve", "--emulate", H100,
-                             "--port", str(port), *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited early: {proc.stdout.read()}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("serve did not become healthy")
+def start_serve(*extra: str):
+    return server_helpers.start_serve("--emulate", H100, *extra)
 
 
 def stream_events(r: httpx.Response):

@@ -16,6 +16,7 @@ from engine.emulated import EmulatedRunner
 from engine.llm_engine import LLMEngine
 from engine.server import BackgroundServer, build_engine, build_server
 from simulator.latency import load_latency_model
+from tests.server_helpers import CHAT, CMPL, assert_error, idle, metric, wait_for
 
 MAX_MODEL_LEN = 512
 
@@ -41,17 +42,6 @@ def slow():
         yield s
 
 
-def assert_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
-    assert r.status_code == status, (r.status_code, r.text)
-    err = r.json()["error"]
-    assert isinstance(err["message"], str) and err["message"]
-    assert isinstance(err["type"], str) and err["code"] == status
-    if param is not None:
-        assert err["param"] == param, err
-    return err
-
-
-CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 BAD = [  # (id, endpoint, body (bytes are sent raw), param expected in the error or None)
     ("malformed-json", CMPL, b'{"prompt": "x",', None),
     ("malformed-json-chat", CHAT, b'{"messages": [', None),
@@ -157,30 +147,6 @@ def test_dead_engine_gives_503():
         assert httpx.get(s.url + "/health").status_code == 503
         err = assert_error(httpx.post(s.url + CMPL, json={"prompt": "x", "max_tokens": 2}), 503)
         assert "engine loop died" in err["message"]
-
-
-def metric(url: str, name: str, **labels) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise KeyError(name)
-
-
-def wait_for(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def idle(url: str) -> bool:
-    return (metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:num_requests_waiting") == 0
-            and metric(url, "vllm:kv_cache_usage_perc") == 0.0)
 
 
 def test_stream_disconnect_aborts_and_frees_kv(slow):

@@ -144,7 +144,10 @@ def test_health_stays_responsive_while_huge_prompts_are_tokenized():
     latencies = [x for _, x in probes]
     assert [r.status_code for r in results] == [400] * 3  # tokenized, then too long for the context
     assert all("maximum context length" in r.json()["error"]["message"] for r in results)
-    assert not failures and len(latencies) > 10 and max(latencies) < 0.1, sorted(latencies)[-5:]
+    # the tokenizer thread shares the interpreter with the event loop: /health slows to tens of
+    # milliseconds (up to ~0.15 s on a shared 2-core machine under load), where tokenizing on the
+    # loop held it for the whole 0.3-1.8 s each prompt takes
+    assert not failures and len(latencies) > 10 and max(latencies) < 0.25, sorted(latencies)[-5:]
 
 
 # -- a client that goes away ------------------------------------------------------------------------
