@@ -50,14 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--kube", action="store_true",
                    help="watch InferenceAutoscaler resources and scale targets through the scale subresource "
                         "(in-cluster credentials, else KUBECONFIG / --kubeconfig)")
-    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (default: every one)")
+    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (none: every namespace)")
     k.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use instead of the in-cluster credentials")
     k.add_argument("--scaled-objects", action="store_true",
                    help="also run every KEDA ScaledObject (only without KEDA; one ScaledObject opts in with "
                         "the annotation slopilot.dev/managed: \"true\")")
     k.add_argument("--lease-namespace", metavar="NS",
-                   help="namespace of the leader-election Lease (default: the pod's own namespace)")
+                   help="namespace of the leader-election Lease (none: the pod's own namespace)")
     k.add_argument("--lease-name", default="slopilot-controller", help="name of the leader-election Lease")
     k.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease")
     k.add_argument("--lease-duration", type=float, default=15.0, help=argparse.SUPPRESS)
