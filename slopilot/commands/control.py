@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--kube", action="store_true",
                    help="watch InferenceAutoscaler resources and scale targets through the scale subresource "
                         "(in-cluster credentials, else KUBECONFIG / --kubeconfig)")
-    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (none: every namespace)")
+    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (none: every one)")
     k.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use instead of the in-cluster credentials")
     k.add_argument("--scaled-objects", action="store_true",

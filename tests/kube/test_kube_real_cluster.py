@@ -15,7 +15,7 @@ from tests.kube.helpers import ROOT
 
 KUBECONFIG = os.environ.get("SLOPILOT_TEST_KUBECONFIG")
 pytestmark = pytest.mark.skipif(not KUBECONFIG or shutil.which("kubectl") is None,
-                                reason="set SLOPILOT_TEST_KUBECONFIG to a real cluster's kubeconfig (and install kubectl)")
+                                reason="set SLOPILOT_TEST_KUBECONFIG to a real cluster's kubeconfig")
 
 
 def test_the_real_api_server_accepts_the_base_in_a_dry_run():
