@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from controlplane.loadgen import LoadGenerator, LoadSpec
+from controlplane.prometheus_server import free_port
 from tests.kube.helpers import deployment, queue_autoscaler, wait_for
 from tests.kube.kubelet import FakeKubelet
 
@@ -49,8 +50,12 @@ def test_controller_scales_emulated_engines_under_a_ramp(cluster):
             "scaleDown": {"stabilizationWindowSeconds": WINDOW}}}}
         cluster.apply(queue_autoscaler("llama", "llama", threshold=4, max_replicas=3, poll=POLL,
                                        advanced=behavior), ns)
-        proc = cluster.controller_process("--namespace", ns, "--scrape-interval", str(SCRAPE))
+        port = free_port()
+        proc = cluster.controller_process("--namespace", ns, "--scrape-interval", str(SCRAPE),
+                                          "--metrics-port", str(port))
         wait_for(lambda: cluster.condition(ns, "llama", "Ready"), 30, "the controller's first status")
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/readyz", trust_env=False).status_code == 200
 
         samples, stop = [], threading.Event()
         t0 = time.time()
@@ -76,6 +81,8 @@ def test_controller_scales_emulated_engines_under_a_ramp(cluster):
                  and samples and max(s[1] for s in samples) > 1, 90, "back to one replica")
         wait_for(lambda: (cluster.get("slopilot.dev/v1alpha1", "InferenceAutoscaler", ns, "llama")["status"]
                           .get("desiredReplicas")) == 1, 10, "the scale-down in the status")
+        page = httpx.get(base + "/metrics", trust_env=False).text
+        assert 'slopilot_autoscaler_desired_replicas{autoscaler="llm/llama"} 1.0' in page
         stop.set()
         sampler.join()
         proc.terminate()
