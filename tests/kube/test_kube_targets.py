@@ -66,20 +66,13 @@ def test_statefulsets_leaderworkersets_and_discovered_kinds_are_scaled(cluster, 
     for name in ("db", "lws", "pool"):
         page.pod(cluster, ns, f"{name}-0", {"app": name})
     cluster.apply(queue_autoscaler("db", "db", kind="StatefulSet"), ns)
-    cluster.apply(queue_autoscaler("lws", "lws", kind="LeaderWorkerSet",
-                                   api_version="leaderworkerset.x-k8s.io/v1"),
-                  ns)
-    cluster.apply(queue_autoscaler("pool", "pool", kind="ServingPool",
-                                   api_version="inference.example.com/v1"), ns)
+    cluster.apply(queue_autoscaler("lws", "lws", kind=LWS[3], api_version=f"{LWS[0]}/{LWS[1]}"), ns)
+    cluster.apply(queue_autoscaler("pool", "pool", kind=POOL[3], api_version=f"{POOL[0]}/{POOL[1]}"), ns)
     ctl = cluster.controller(namespace=ns, leader_election=False)
-    wait_for(lambda: cluster.get("apps/v1", "StatefulSet", ns, "db")["spec"]["replicas"] == 3, 20,
-             "StatefulSet")
-    wait_for(lambda: cluster.get("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", ns,
-                                 "lws")["spec"]["replicas"]
-             == 3, 20, "LeaderWorkerSet")
-    wait_for(lambda: cluster.get("inference.example.com/v1", "ServingPool", ns,
-                                 "pool")["spec"]["replicas"] == 3,
-             20, "ServingPool")
+    for api_version, kind, name in (("apps/v1", "StatefulSet", "db"), (f"{LWS[0]}/{LWS[1]}", LWS[3], "lws"),
+                                    (f"{POOL[0]}/{POOL[1]}", POOL[3], "pool")):
+        obj = (api_version, kind, ns, name)
+        wait_for(lambda: cluster.get(*obj)["spec"]["replicas"] == 3, 20, f"{kind} scaled")
     wait_for(lambda: all((cluster.condition(ns, n, "AbleToScale") or {}).get("status") == "True"
                          for n in ("db", "lws", "pool")), 10, "statuses")
     cluster.stop_controller(ctl)
