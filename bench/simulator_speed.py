@@ -8,11 +8,12 @@ reports wall time and peak memory (tracemalloc is not used: it would slow the ru
 child process is).
 
     .venv/bin/python bench/simulator_speed.py [--repeats 3] [--skip-scale] [--baseline-limit 4000]
-        [--against COMMIT]
+        [--against COMMIT] [--keda]
 
 `--against COMMIT` also times the Azure run on that commit's simulator (a temporary git worktree),
 interleaved with this tree's, each in a fresh child process, and prints the ratio: a refactor must
-not make the simulator slower.
+not make the simulator slower. `--keda` gives the pool a KEDA ScaledObject with Prometheus triggers
+(the waiting queue and the TTFT p90), so the triggers' queries are answered at every poll.
 """
 
 from __future__ import annotations
@@ -55,8 +56,29 @@ def shared_data() -> Path:
     return p
 
 
-def azure_scenario(limit: int | None = None):
-    d = azure_dict()
+# a KEDA ScaledObject polled every 15 s: the queue, and TTFT p90 from the bucket rates
+KEDA_SPEC = {
+    "apiVersion": "keda.sh/v1alpha1",
+    "kind": "ScaledObject",
+    "metadata": {"name": "azure"},
+    "spec": {
+        "scaleTargetRef": {"name": "h100"},
+        "pollingInterval": 15,
+        "minReplicaCount": 2,
+        "maxReplicaCount": 16,
+        "triggers": [
+            {"type": "prometheus", "name": "queue",
+             "metadata": {"query": "sum(vllm:num_requests_waiting)", "threshold": "5"}},
+            {"type": "prometheus", "name": "ttft",
+             "metadata": {"query": "histogram_quantile(0.9, sum(rate("
+                          "vllm:time_to_first_token_seconds_bucket[1m])) by (le))", "threshold": "2"}},
+        ],
+    },
+}
+
+
+def azure_scenario(limit: int | None = None, keda: bool = False):
+    d = azure_dict(keda)
     if limit:
         d["workload"]["trace"]["limit"] = limit
     return load_scenario(d)
@@ -119,20 +141,21 @@ print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time(
 """
 
 
-def azure_dict() -> dict:
+def azure_dict(keda: bool = False) -> dict:
     trace = {"format": "azure", "path": str(shared_data() / "traces" / "azure_llm_2023_conv.csv")}
-    return {"seed": 0, "workload": {"trace": trace}, "pools": [dict(POOL, replicas=8)],
+    pool = dict(POOL, replicas=8, **({"autoscaler": {"spec": KEDA_SPEC}} if keda else {}))
+    return {"seed": 0, "workload": {"trace": trace}, "pools": [pool],
             "router": {"policy": "least_outstanding"}, "slo": {"ttft": 2.0, "tpot": 0.1}}
 
 
-def time_in_tree(tree: Path) -> dict:
+def time_in_tree(tree: Path, keda: bool = False) -> dict:
     env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", AZURE_CHILD, json.dumps(azure_dict())], cwd=tree, env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", AZURE_CHILD, json.dumps(azure_dict(keda))], cwd=tree,
+                         env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def against(commit: str, repeats: int) -> None:
+def against(commit: str, repeats: int, keda: bool = False) -> None:
     """This tree against `commit`, interleaved, in fresh processes; CPU seconds are the fairer figure."""
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
@@ -141,15 +164,16 @@ def against(commit: str, repeats: int) -> None:
         try:
             ours, theirs = [], []
             for _ in range(repeats):
-                theirs.append(time_in_tree(base))
-                ours.append(time_in_tree(ROOT))
+                theirs.append(time_in_tree(base, keda))
+                ours.append(time_in_tree(ROOT, keda))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            capture_output=True)
     for key in ("wall_s", "cpu_s"):
         o = statistics.median(r[key] for r in ours)
         t = statistics.median(r[key] for r in theirs)
-        print(f"Azure conv fast path vs {commit[:12]}: {key} median {o:.2f} (ours) vs {t:.2f} (then): "
+        what = "Azure conv fast path" + (" (KEDA triggers)" if keda else "")
+        print(f"{what} vs {commit[:12]}: {key} median {o:.2f} (ours) vs {t:.2f} (then): "
               f"ours/then = {o / t:.3f}  (runs ours {', '.join(f'{r[key]:.2f}' for r in ours)}; "
               f"then {', '.join(f'{r[key]:.2f}' for r in theirs)})")
 
@@ -165,6 +189,7 @@ def main() -> None:
     )
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--against", metavar="COMMIT", help="also compare the Azure run with this commit's")
+    ap.add_argument("--keda", action="store_true", help="the Azure runs with a KEDA Prometheus-trigger spec")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.scale_child:
@@ -172,8 +197,8 @@ def main() -> None:
         return
 
     if args.against:
-        against(args.against, args.repeats)
-    sc = azure_scenario()
+        against(args.against, args.repeats, args.keda)
+    sc = azure_scenario(keda=args.keda)
     wl = build_workload(sc, 0)
     times, cpus = [], []
     for _ in range(args.repeats):
@@ -181,7 +206,8 @@ def main() -> None:
         times.append(wall)
         cpus.append(cpu)
     print(
-        f"Azure conv trace, {len(wl)} requests, 8 x H100 Llama-2-70B TP4 (fast path): median "
+        f"Azure conv trace, {len(wl)} requests, 8 x H100 Llama-2-70B TP4 (fast path"
+        f"{', KEDA triggers' if args.keda else ''}): median "
         f"{statistics.median(times):.2f} s wall, {statistics.median(cpus):.2f} s CPU "
         f"(wall runs {', '.join(f'{t:.2f}' for t in times)}); target < 5 s"
     )

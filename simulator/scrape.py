@@ -5,12 +5,14 @@ Counters and histogram buckets go into the MetricStore as one vector per replica
 with the target labels a Kubernetes scrape of vLLM carries (job = the pool's name, namespace, pod,
 instance, model_name, engine), for the PromQL evaluator. Besides the replicas, two more targets:
 
-- the router as llm-d's endpoint picker (job "epp"): the pool-wide request latency histograms
-  (llm_d_epp_request_ttft_seconds, llm_d_epp_request_streaming_tpot_seconds), summed over every
-  replica that ever served, with vLLM's buckets;
 - kube-state-metrics (job "kube-state-metrics"): each pool as a Deployment, its desired
   (kube_deployment_spec_replicas), non-terminating (kube_deployment_status_replicas) and ready
-  (kube_deployment_status_replicas_ready) pod counts.
+  (kube_deployment_status_replicas_ready) pod counts;
+- the router as llm-d's endpoint picker (job "epp"): its request latency histograms, with its
+  buckets: llm_d_epp_request_ttft_seconds (arrival at the router to the first token, observed
+  when the token comes) and llm_d_epp_request_streaming_tpot_seconds ((e2e - TTFT) / (tokens - 1),
+  observed when the request ends). Scraped only when a query or rule reads them, or when the series
+  are kept for export: finding the new first tokens walks every running request.
 
 A replica no longer scraped (gone, failed) gets a staleness marker at the next round. The
 scenario's recording rules run here too, as Prometheus runs them, each group at its interval.
@@ -20,18 +22,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.metrics import HISTOGRAMS, LAYOUT, SIZE, histogram_columns, replica_columns
+from simulator.metrics import histogram_columns, replica_columns
 from simulator.promql import LOOKBACK, lookbehind
+from simulator.promql.parse import Selector, walk
 from simulator.promql.rules import evaluate_group
 from simulator.promql.storage import labels_of
 from simulator.promql.targets import Column
-from simulator.steptime import seconds, to_ps
+from simulator.requests import OK
+from simulator.steptime import PS, seconds, to_ps
 
 NAMESPACE = "default"
-EPP_HISTOGRAMS = {"time_to_first_token_seconds": "llm_d_epp_request_ttft_seconds",
-                  "request_time_per_output_token_seconds": "llm_d_epp_request_streaming_tpot_seconds"}
 KSM = ("kube_deployment_spec_replicas", "kube_deployment_status_replicas",
        "kube_deployment_status_replicas_ready")
+# the endpoint picker's histograms and buckets (llm-d router)
+EPP_TTFT = ("llm_d_epp_request_ttft_seconds", (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2,
+                                               3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 120))
+EPP_TPOT = ("llm_d_epp_request_streaming_tpot_seconds", (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                                         0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6,
+                                                         0.8, 1, 2))
 
 
 def replica_target(pool, rep) -> dict[str, str]:
@@ -40,36 +48,82 @@ def replica_target(pool, rep) -> dict[str, str]:
             "model_name": getattr(pool.model, "model", "") or pool.spec.name, "engine": "0"}
 
 
-def epp_columns(model_name: str) -> list[Column]:
-    target = {"job": "epp", "namespace": NAMESPACE, "pod": "epp-0", "instance": "epp-0:9090",
-              "model_name": model_name, "target_model_name": model_name}
-    cols, start = [], 0
-    for h, family in EPP_HISTOGRAMS.items():
-        n = len(HISTOGRAMS[h]) + 1
-        cols += histogram_columns(family, target, HISTOGRAMS[h], start, start + n)
-        start += n + 2
-    return cols
-
-
-def epp_row(totals: np.ndarray) -> np.ndarray:
-    """The EPP's histograms (buckets, sum, count of each) out of a summed replica vector."""
-    parts = []
-    for h in EPP_HISTOGRAMS:
-        sl = LAYOUT[h + "_bucket"]
-        parts += [totals[sl], totals[LAYOUT[h + "_sum"]:LAYOUT[h + "_sum"] + 2]]
-    return np.concatenate(parts)
-
-
 def ksm_columns(pools) -> list[Column]:
     target = {"job": "kube-state-metrics", "instance": "kube-state-metrics:8080", "namespace": NAMESPACE}
     return [Column(name, "gauge", labels_of({**target, "deployment": p.spec.name, "__name__": name}),
                    3 * i + k) for i, p in enumerate(pools) for k, name in enumerate(KSM)]
 
 
-def keep_history(fleet) -> None:
-    """Keeps as much history as the triggers and rules read (an avg_over_time over an hour...)."""
+class Epp:
+    """The endpoint picker's TTFT and TPOT histograms, fed from the requests' own times."""
+
+    def __init__(self, fleet):
+        n = len(fleet.requests.status)
+        self.ttft_seen = np.zeros(n, dtype=bool)
+        self.tpot_seen = np.zeros(n, dtype=bool)
+        self.ttft = np.zeros(len(EPP_TTFT[1]) + 3)  # per-bucket counts (+Inf last), sum, count
+        self.tpot = np.zeros(len(EPP_TPOT[1]) + 3)
+        model = next((getattr(p.model, "model", "") for p in fleet.pools), "") or "model"
+        target = {"job": "epp", "namespace": NAMESPACE, "pod": "epp-0", "instance": "epp-0:9090",
+                  "model_name": model, "target_model_name": model}
+        k = len(self.ttft)
+        self.columns = (histogram_columns(EPP_TTFT[0], target, EPP_TTFT[1], 0, k - 2)
+                        + histogram_columns(EPP_TPOT[0], target, EPP_TPOT[1], k, k + len(self.tpot) - 2))
+
+    @staticmethod
+    def _observe(hist: np.ndarray, buckets, values: np.ndarray) -> None:
+        if len(values):
+            np.add.at(hist, np.searchsorted(buckets, values, side="left"), 1)  # le: value <= bound
+            hist[-2] += values.sum()
+            hist[-1] += len(values)
+
+    def scrape(self, fleet) -> np.ndarray:
+        now = fleet.env.now
+        seen = self.ttft_seen
+        first = []  # requests in flight whose first token came since the last scrape
+        for pool in fleet.pools:
+            for rep in pool.replicas:
+                if rep.state in ("ready", "draining"):
+                    first += [(s.index, s.first_token_time - s.arrival_time)
+                              for s in (*rep.sched.running, *rep.sched.waiting)
+                              if s.first_token_time is not None and s.first_token_time <= now
+                              and not seen[s.index]]
+        log = fleet.requests
+        done = np.flatnonzero((log.status == OK) & ~self.tpot_seen)
+        fresh = done[~self.ttft_seen[done]]
+        ttft = [t for _, t in first] + list(log.first_token[fresh] - fleet.arrival_ps[fresh])
+        self.ttft_seen[[i for i, _ in first]] = True
+        self.ttft_seen[fresh] = True
+        self._observe(self.ttft, EPP_TTFT[1], np.asarray(ttft, dtype=float) / PS)
+        long = done[log.generated[done] > 1]
+        tpot = (log.finish[long] - log.first_token[long]) / PS / (log.generated[long] - 1)
+        self._observe(self.tpot, EPP_TPOT[1], tpot)
+        self.tpot_seen[done] = True
+        out = np.concatenate((self.ttft, self.tpot))
+        for start, hist in ((0, self.ttft), (len(self.ttft), self.tpot)):  # cumulative in le, as exposed
+            out[start:start + len(hist) - 2] = np.cumsum(hist[:-2])
+        return out
+
+
+def reads_epp(trees) -> bool:
+    """Whether any query may select the endpoint picker's series."""
+    for tree in trees:
+        for node in walk(tree):
+            if isinstance(node, Selector):
+                name = node.name
+                if name is None or name.startswith("llm_d_epp_"):
+                    return True
+    return False
+
+
+def queries(fleet) -> list:
+    """Every compiled query the run evaluates: the triggers' and the recording rules'."""
     trees = [tree for pool in fleet.pools if pool.policy for _, tree in pool.policy.queries]
-    trees += [r.tree for g in fleet.sc.rules for r in g.rules]
+    return trees + [r.tree for g in fleet.sc.rules for r in g.rules]
+
+
+def keep_history(fleet, trees) -> None:
+    """Keeps as much history as the queries read (an avg_over_time over an hour...)."""
     needed = max((lookbehind(tree, LOOKBACK) for tree in trees), default=0) / 1000
     fleet.store.retention = max(fleet.store.retention, needed + 2 * fleet.sc.scrape_interval)
 
@@ -89,24 +143,18 @@ def rules_process(fleet, group):
 def scrape_process(fleet):
     interval = to_ps(fleet.sc.scrape_interval)
     store = fleet.store
-    keep_history(fleet)
+    trees = queries(fleet)
+    keep_history(fleet, trees)
+    epp = Epp(fleet) if store.keep_all or reads_epp(trees) else None
     for group in fleet.sc.rules:
         fleet.env.process(rules_process(fleet, group))
-    model = next((getattr(p.model, "model", "") for p in fleet.pools), "") or "model"
-    retired = np.zeros(SIZE)  # what replicas no longer scraped had counted (the EPP's totals keep it)
-    gone: set[int] = set()
     while True:
         t = seconds(fleet.env.now)
         t_ms = round(t * 1000)
-        up = set()
-        served = retired.copy()
+        up = {"kube-state-metrics"}
         for pool in fleet.pools:
             for rep in pool.replicas:
                 if rep.state not in ("ready", "draining"):
-                    if rep.state in ("gone", "failed") and rep.id not in gone:
-                        gone.add(rep.id)
-                        retired += rep.metrics.cumulative()
-                        served += rep.metrics.cumulative()
                     continue
                 kv = rep.kv_usage_now()
                 vector = rep.scrape_vector()
@@ -116,10 +164,11 @@ def scrape_process(fleet):
                 store.targets.scrape((pool.index, rep.id), t_ms, row,
                                      lambda p=pool, r=rep: replica_columns(replica_target(p, r)))
                 up.add((pool.index, rep.id))
-                served += vector
-        store.targets.scrape("epp", t_ms, epp_row(served), lambda: epp_columns(model))
         ksm = [float(x) for p in fleet.pools
                for x in (p.desired, p.count("provisioning") + p.count("ready"), p.count("ready"))]
         store.targets.scrape("kube-state-metrics", t_ms, np.array(ksm), lambda: ksm_columns(fleet.pools))
-        store.targets.end_round(t_ms, up | {"epp", "kube-state-metrics"})
+        if epp is not None:
+            store.targets.scrape("epp", t_ms, epp.scrape(fleet), lambda: epp.columns)
+            up.add("epp")
+        store.targets.end_round(t_ms, up)
         yield fleet.env.timeout(interval)

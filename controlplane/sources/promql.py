@@ -3,7 +3,8 @@
 Shapes: a selector `name{label="v", label=~"re", ...}`; rate()/increase() of a selector over a range
 `[30s]`; sum/avg/min/max/count with `by (...)` or `without (...)`; histogram_quantile(q, ...); and
 + - * / between those and numbers (one-to-one on equal label sets). Anything else raises Unsupported,
-so the caller reports a clear per-trigger error instead of a wrong number.
+so the caller reports a clear per-trigger error instead of a wrong number. Rate extrapolation and
+bucket interpolation are the full evaluator's (simulator.promql, tested against Prometheus).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Protocol
+
+from simulator.promql import functions as shared
 
 Labels = dict[str, str]
 Vector = list[tuple[Labels, float]]
@@ -243,56 +246,14 @@ def metric_names(tree) -> set[str]:
 # ---- evaluation --------------------------------------------------------------------------------------
 def extrapolated_rate(ts: list[float], vs: list[float], start: float, end: float,
                       is_rate: bool) -> float | None:
-    """Prometheus' extrapolatedRate for a counter over [start, end]; None with fewer than 2 samples."""
-    if len(ts) < 2:
-        return None
-    result = vs[-1] - vs[0]
-    last = 0.0
-    for v in vs:  # a drop is a counter reset: add back what was there before it
-        if v < last:
-            result += last
-        last = v
-    sampled = ts[-1] - ts[0]
-    avg = sampled / (len(ts) - 1)
-    to_start, to_end = ts[0] - start, end - ts[-1]
-    if result > 0 and vs[0] >= 0:  # a counter is not extrapolated below zero
-        to_start = min(to_start, sampled * vs[0] / result)
-    threshold = avg * 1.1  # a gap longer than this means the series started or ended inside the range
-    interval = sampled + (to_start if to_start < threshold else avg / 2)
-    interval += to_end if to_end < threshold else avg / 2
-    result *= interval / sampled
-    return result / (end - start) if is_rate else result
+    """Prometheus' extrapolatedRate for a counter over [start, end] (seconds); None with fewer than 2
+    samples. The arithmetic is the shared evaluator's (simulator.promql), in milliseconds."""
+    return shared.extrapolated_rate([t * 1000 for t in ts], vs, start * 1000, end * 1000, True, is_rate)
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """Prometheus' histogram_quantile over (upper bound, cumulative count) pairs of one histogram."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0 or q > 1:
-        return -math.inf if q < 0 else math.inf
-    merged: dict[float, float] = {}
-    for le, count in buckets:
-        merged[le] = merged.get(le, 0.0) + count
-    bounds = sorted(merged)
-    if not bounds or not math.isinf(bounds[-1]) or len(bounds) < 2:
-        return math.nan
-    counts, top = [], -math.inf
-    for le in bounds:  # rates of buckets may come out a hair non-monotonic: Prometheus clamps them
-        top = max(top, merged[le])
-        counts.append(top)
-    total = counts[-1]
-    if not total > 0:
-        return math.nan
-    rank = q * total
-    b = next((i for i in range(len(bounds) - 1) if counts[i] >= rank), len(bounds) - 1)
-    if b == len(bounds) - 1:
-        return bounds[-2]
-    if b == 0 and bounds[0] <= 0:
-        return bounds[0]
-    start, count = 0.0, counts[b]
-    if b > 0:
-        start, count, rank = bounds[b - 1], counts[b] - counts[b - 1], rank - counts[b - 1]
-    return start + (bounds[b] - start) * (rank / count)
+    return shared.bucket_quantile(q, buckets)
 
 
 def _drop_name(labels: Labels) -> Labels:
