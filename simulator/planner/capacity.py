@@ -11,20 +11,18 @@ from __future__ import annotations
 import math
 
 from simulator.planner.plan import Candidate, Plan
-from simulator.planner.scenarios import capacity_scenario
+from simulator.planner.scenarios import MIN_RATE, capacity_scenario
 from simulator.planner.search import capacity_search, grid_rate, lockstep
 from simulator.planner.sweep import Job
 from simulator.planner.verdict import meets
 from simulator.scenario_limits import MAX_RATE
-
-MIN_REQUESTS = 20  # a capacity run at a lower rate has too few requests to judge a percentile
 
 
 def capacity_task(plan: Plan, cand: Candidate, runs: list):
     """A sweep task (simulator.planner.sweep.drive): returns the capacity dict; appends every run to
     `runs` as [seed, rate, met, {slo: value at its percentile}, attainment]."""
     s = plan.search
-    floor, step = MIN_REQUESTS / s["duration"], s["step"]
+    floor, step = MIN_RATE, s["step"]
     start = min(max(s["start_rate"], floor), MAX_RATE)
     seen: dict[tuple[int, float], bool] = {}
 

@@ -24,7 +24,7 @@ def assemble(plan, peak: float, days: dict, found: dict, runs: dict, oracles: di
     entries = [_candidate(plan, c, found[c.name], runs[c.name], oracles[c.name], curves, per_day,
                           float(days[c.name].output.sum()) * per_day) for c in plan.candidates]
     options = ranking(entries)
-    static_runs = sum(len(f["static"]["checked"]) for f in found.values() if f["static"]) * len(plan.seeds)
+    static_runs = sum(c["seeds_run"] for f in found.values() if f["static"] for c in f["static"]["checked"])
     return {
         "simulations": sum(len(r) for r in runs.values()) + static_runs + len(curves),
         "plan": plan.name,

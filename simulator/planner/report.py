@@ -1,6 +1,7 @@
 """The plan's output folder: plan.json, report.html (the answer, the ranked table, the candidates, the
-Pareto plot and the capacity curves) and scenarios/ (the static fleet at the peak and each policy run
-of every candidate, as `slopilot simulate` files, to reproduce any number)."""
+Pareto plot and the capacity curves) and scenarios/: for every candidate, as `slopilot simulate` files
+(the first seed; --seed for the others) to reproduce any number, the capacity run at the capacity found
+and at the next rate of the grid, the static fleet at the peak, and each policy over the curve."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 from simulator.planner.plots import capacity_figure, pareto_figure, save
 from simulator.planner.rank import money
-from simulator.planner.scenarios import curve_scenario, peak_scenario
+from simulator.planner.scenarios import capacity_scenario, curve_scenario, peak_scenario
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}")
@@ -37,6 +38,12 @@ def write_scenarios(plan, result: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     peak = result["workload"]["peak_rps"]
     for cand, entry in zip(plan.candidates, result["candidates"]):
+        cap = entry["capacity"]
+        if cap["rps"] > 0:
+            _dump(capacity_scenario(plan, cand, cap["rps"]), folder / scenario_name(cand.name, "capacity"))
+            if cap["next_rps"] is not None:
+                _dump(capacity_scenario(plan, cand, cap["next_rps"]),
+                      folder / scenario_name(cand.name, "capacity-next"))
         st = entry["static"]
         if not (st and st["replicas"]):
             continue

@@ -5,14 +5,18 @@
     curve      the whole (compressed) curve under a policy (stage 2, autoscaled)
 
 Capacity and peak runs share the plan's arrival process and length mix, last `search.duration`
-seconds and drain for at most `search.drain`; replicas are ready from the start. Curve runs start
-replicas after the plan's startup delay.
+seconds (a capacity run at a low rate longer, to hold MIN_REQUESTS) and drain for at most
+`search.drain`; replicas are ready from the start. Curve runs start replicas after the plan's startup
+delay.
 """
 
 from __future__ import annotations
 
 from simulator.planner.plan import Candidate, Plan
 from simulator.planner.traffic import constant_workload
+
+MIN_REQUESTS = 200  # expected requests in a capacity run: enough to read a p90 from
+MIN_RATE = 0.01  # req/s: a replica that cannot meet the SLOs at this rate is taken as never meeting them
 
 
 def _base(plan: Plan, name: str, pool: dict, workload: dict, duration: float) -> dict:
@@ -31,7 +35,8 @@ def _base(plan: Plan, name: str, pool: dict, workload: dict, duration: float) ->
 
 def capacity_scenario(plan: Plan, cand: Candidate, rate: float) -> dict:
     wl = constant_workload(plan.workload, rate)
-    return _base(plan, f"{cand.name} capacity", cand.pool(1), wl, plan.search["duration"])
+    duration = max(plan.search["duration"], MIN_REQUESTS / rate)
+    return _base(plan, f"{cand.name} capacity", cand.pool(1), wl, duration)
 
 
 def peak_scenario(plan: Plan, cand: Candidate, replicas: int, peak_rate: float) -> dict:

@@ -21,23 +21,25 @@ def grid_rate(start: float, step: float, k: int) -> float:
 
 
 def capacity_search(start: float, step: float, floor: float, ceiling: float) -> Search:
-    """Yields rates; returns (highest rate that met, lowest rate above it that missed). (0, lowest
-    tried) when even `floor` misses; (highest tried, inf) when even `ceiling` meets."""
+    """Yields rates (start within [floor, ceiling]); returns (highest rate that met, lowest rate above
+    it that missed). (0, the lowest tried) when the lowest grid rate >= floor misses; (the highest
+    tried, inf) when the highest grid rate <= ceiling meets."""
     jump = max(1, round(math.log(2.0) / math.log(1.0 + step)))  # indices per doubling
+    k_min = math.ceil(math.log(floor / start) / math.log(1.0 + step) - 1e-9)
+    k_max = math.floor(math.log(ceiling / start) / math.log(1.0 + step) + 1e-9)
     lo = hi = None
     k = 0
     while lo is None or hi is None:
-        rate = grid_rate(start, step, k)
-        if rate < floor:
-            return 0.0, rate if hi is None else grid_rate(start, step, hi)
-        if rate > ceiling:
-            return (0.0 if lo is None else grid_rate(start, step, lo)), math.inf
-        if (yield rate):
-            lo = k if lo is None or k > lo else lo
-            k = k + jump
+        if (yield grid_rate(start, step, k)):
+            lo = k
+            if k == k_max:
+                return grid_rate(start, step, k), math.inf
+            k = min(k + jump, k_max)
         else:
-            hi = k if hi is None or k < hi else hi
-            k = k - jump
+            hi = k
+            if k == k_min:
+                return 0.0, grid_rate(start, step, k)
+            k = max(k - jump, k_min)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if (yield grid_rate(start, step, mid)):
@@ -48,18 +50,35 @@ def capacity_search(start: float, step: float, floor: float, ceiling: float) -> 
 
 
 def fleet_search(start: int, max_replicas: int) -> Generator[int, bool, int | None]:
-    """Yields replica counts from `start`; returns the smallest count that met while one fewer missed
-    (1 when one replica meets), or None when even max_replicas misses."""
+    """Yields replica counts from `start`, in steps of 1, 2, 4, ... away from it until the verdict
+    flips, then by bisection; returns the smallest count that met while one fewer missed (1 when one
+    replica meets), or None when even max_replicas misses."""
     n = min(max(1, start), max_replicas)
+    step = 1
     if (yield n):
-        while n > 1 and (yield n - 1):
-            n -= 1
-        return n
-    while n < max_replicas:
-        n += 1
-        if (yield n):
-            return n
-    return None
+        hi, lo = n, 0  # zero replicas never meet
+        while hi - step >= 1:
+            if not (yield hi - step):
+                lo = hi - step
+                break
+            hi, step = hi - step, 2 * step
+    else:
+        lo, hi = n, None
+        while hi is None:
+            m = min(lo + step, max_replicas)
+            if m == lo:
+                return None
+            if (yield m):
+                hi = m
+            else:
+                lo, step = m, 2 * step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (yield mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def lockstep(searches: list[Generator]) -> Generator[list, list[bool], list]:

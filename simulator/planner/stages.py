@@ -72,7 +72,8 @@ def day_workload(plan: Plan, cand: Candidate):
 
 def candidate_task(plan: Plan, cand: Candidate, peak: float, runs: list):
     cap = yield from capacity_task(plan, cand, runs)
-    static = (yield from static_task(plan, cand, peak, cap["rps"])) if cap["rps"] > 0 else None
+    # pooled replicas serve at least what the best seed's lone replica did: start the count there
+    static = (yield from static_task(plan, cand, peak, cap["spread"]["max"])) if cap["rps"] > 0 else None
     return {"capacity": cap, "static": static}
 
 
@@ -81,12 +82,16 @@ def static_task(plan: Plan, cand: Candidate, peak: float, capacity: float):
     checked, at = [], {}
     n = next(search)
     while True:
-        results = yield [Job(peak_scenario(plan, cand, n, peak), seed) for seed in plan.seeds]
-        summaries = [r["summary"] for r in results]
+        summaries = []
+        for seed in plan.seeds:  # a count fails at its first seed that misses
+            results = yield [Job(peak_scenario(plan, cand, n, peak), seed)]
+            summaries.append(results[0]["summary"])
+            if not meets(summaries[-1]):
+                break
         ok = all(meets(s) for s in summaries)
         at[n] = summaries
         worst = min(s["slo_attainment_joint"] for s in summaries)
-        checked.append({"replicas": n, "met": ok, "attainment": worst})
+        checked.append({"replicas": n, "met": ok, "attainment": worst, "seeds_run": len(summaries)})
         try:
             n = search.send(ok)
         except StopIteration as stop:

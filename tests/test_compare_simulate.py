@@ -1,0 +1,80 @@
+"""`slopilot compare` on the three policy examples (a KEDA queue ScaledObject, the ratio law and the
+model-based SLO-headroom InferenceAutoscaler) over the KEDA example's workload: each row equals a
+separate `slopilot simulate` of the scenario with that spec, the static and oracle rows are there, the
+plot renders, and --fail-on-slo-miss exits 1 because the KEDA row (minReplicaCount 0) misses."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import yaml
+
+from simulator.planner.compare_report import replicas_figure
+from slopilot.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCENARIO = EXAMPLES / "keda_queue.yaml"
+SPECS = [EXAMPLES / "replay" / "keda_queue.yaml", EXAMPLES / "replay" / "ratio.yaml",
+         EXAMPLES / "slo_model_spec.yaml"]
+DURATION = 900
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    args = ["compare", str(SCENARIO), *[a for s in SPECS for a in ("--spec", str(s))], "--out", str(out),
+            "--duration", str(DURATION), "--capacity-duration", "120", "--workers", "1", "--no-progress",
+            "--fail-on-slo-miss"]
+    rc = main(args)
+    return rc, out, json.loads((out / "compare.json").read_text())
+
+
+def test_each_row_equals_a_simulate_run(compared, tmp_path):
+    _, _, result = compared
+    rows = {r["spec"]: r for r in result["rows"] if r["kind"] == "spec"}
+    assert set(rows) == {str(s.resolve()) for s in SPECS}
+    base = yaml.safe_load(SCENARIO.read_text())
+    for spec in SPECS:
+        sc = copy.deepcopy(base)
+        for pool in sc["pools"]:
+            pool.pop("autoscaler", None)
+        sc["autoscaler"] = {"spec": str(spec.resolve())}
+        sc["duration"] = DURATION
+        path = tmp_path / f"{spec.stem}.yaml"
+        path.write_text(yaml.safe_dump(sc))
+        main(["simulate", str(path), "--out", str(tmp_path / spec.stem), "--no-plots", "--no-progress"])
+        summary = json.loads((tmp_path / spec.stem / "summary.json").read_text())
+        row = rows[str(spec.resolve())]
+        assert row["summary"] == summary, spec.name
+        assert row["gpu_hours"] == summary["costs"]["gpu_hours"]
+        assert row["attainment"] == summary["slo_attainment_joint"]
+
+
+def test_static_and_oracle_rows(compared):
+    _, _, result = compared
+    kinds = [r["kind"] for r in result["rows"]]
+    assert kinds == ["spec", "spec", "spec", "static", "oracle"]
+    static, oracle = result["rows"][3], result["rows"][4]
+    n = result["sizing"]["static"]["replicas"]
+    assert static["peak_replicas"] == n and static["scale_events"] == 0 and static["met"]
+    assert oracle["gpu_hours"] <= static["gpu_hours"]
+    assert oracle["x_oracle"] == 1.0
+    assert result["sizing"]["peak_rps"] > 0 and result["sizing"]["capacity"]["rps"] > 0
+
+
+def test_exit_status_and_plot(compared):
+    rc, out, result = compared
+    missed = [r["name"] for r in result["rows"] if r["kind"] == "spec" and not r["met"]]
+    assert missed == ["llama-queue"] and rc == 1
+    img = matplotlib.image.imread(out / "replicas.png")
+    assert img.shape[0] > 300 and img.shape[1] > 800 and img.std() > 0.05
+    fig = replicas_figure(result)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "time (min)" and "replicas" in ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [r["name"] for r in result["rows"]]
+    html = (out / "report.html").read_text()
+    assert all(r["name"] in html for r in result["rows"]) and "replicas.png" in html
