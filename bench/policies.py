@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simulator.planner.oracle import oracle, plan_steps  # noqa: E402
 from simulator.report import request_table, slo_meets  # noqa: E402
 from simulator.run import build_workload, simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
@@ -193,31 +194,6 @@ def capacity_per_replica(replicas: int = 4, minutes: float = 15) -> float:
     return lo
 
 
-def oracle(times: np.ndarray, hours: float, cap: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per minute: replicas needed (perfect foresight of that minute's arrivals) and replicas billed
-    (a replica needed at minute m is started, and billed, from minute m - 2)."""
-    minutes = int(math.ceil(hours * 60))
-    counts = np.bincount((times // 60).astype(int), minlength=minutes)[:minutes]
-    need = np.maximum(1, np.ceil(counts / 60.0 / cap)).astype(int)
-    lead = int(math.ceil(STARTUP / 60))
-    billed = np.array([need[m : m + lead + 1].max() for m in range(minutes)])
-    return need, billed
-
-
-def plan_steps(per_minute, extra: list[tuple[float, float, int]] = ()) -> list[dict]:
-    """A schedule autoscaler's steps: per_minute[m] replicas from minute m, raised to n on each
-    [start, end) of `extra` (times in seconds)."""
-    edges = sorted({60.0 * m for m in range(len(per_minute))} | {t for a, b, _ in extra for t in (a, b)})
-    steps, last = [], None
-    for t in edges:
-        m = min(int(t // 60), len(per_minute) - 1)
-        n = max([int(per_minute[m])] + [k for a, b, k in extra if a <= t < b])
-        if n != last:
-            steps.append({"at": t, "replicas": n})
-            last = n
-    return steps
-
-
 def reactive_plan(need: np.ndarray, spikes: list[dict], detect: float, headroom: float = 1.0) -> list[dict]:
     """The reactive bound: the oracle's per-minute plan (diurnal foresight, started 2 minutes ahead),
     except that a burst is unknown until `detect` seconds after it starts. Until then the plan provisions
@@ -293,7 +269,7 @@ def main() -> None:
     )
     base = load_scenario(scenario(args.hours, {"fixed": 1}))
     wl = build_workload(base, base.seed)
-    need, billed = oracle(wl.times, args.hours, cap)
+    need, billed = oracle(wl.times, args.hours * 3600, cap, STARTUP)
     peak = int(need.max())
     oracle_gpu_h = billed.sum() / 60 * GPUS_PER_REPLICA
     print(
