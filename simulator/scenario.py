@@ -30,6 +30,7 @@ from simulator.scenario_limits import (
     MAX_NUM_SEQS,
     MAX_REPLICAS,
     MIN_INTERVAL,
+    MIN_SCRAPE_INTERVAL,
     check_limits,
 )
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES, dist_at, resolve
@@ -319,6 +320,10 @@ def _rules(doc: Document, base: Path) -> list[RuleGroup]:
             groups += rule_groups(doc.data["rules"], "rules")
         except ValueError as exc:
             raise doc.error(("rules",), str(exc)) from None
+    for g in groups:  # a group's evaluations over the run are bounded as the scrapes are
+        if g.interval is not None and g.interval < MIN_SCRAPE_INTERVAL * 1000:
+            raise doc.error((), f"rule group {g.name!r}: interval {g.interval} ms is less than the limit "
+                            f"of {MIN_SCRAPE_INTERVAL} s")
     names = [g.name for g in groups]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

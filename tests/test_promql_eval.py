@@ -112,6 +112,7 @@ def test_evaluation_errors_are_prometheus_errors(query, message):
     ("q offset -1m", "negative offset"),
     ('"text"', "string literal"),
     ("sum(q", "does not parse"),
+    ("max_over_time(q[1d:1ms])", "more than 100000 steps"),
 ])
 def test_unsupported_queries_are_refused_naming_what(query, named):
     with pytest.raises(PromQLError, match=named.replace("(", r"\(").replace(")", r"\)")):

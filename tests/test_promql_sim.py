@@ -152,6 +152,7 @@ def _rules_file(tmp_path, text: str) -> dict:
     ("groups: [{name: g, interval: soon, rules: []}]", r"groups\[0\]\.interval"),
     ("groups: [{name: g}, {name: g}]", "defined twice"),
     ("rules: []", "a list of groups"),
+    ("groups: [{name: g, interval: 10ms, rules: []}]", "interval 10 ms is less than the limit"),
 ])
 def test_rule_file_errors_name_the_file_and_field(tmp_path, text, message):
     with pytest.raises(ValueError, match=message):

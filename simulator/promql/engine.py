@@ -17,6 +17,7 @@ from operator import itemgetter
 
 from simulator.promql import functions as fn
 from simulator.promql.parse import (
+    MAX_SUBQUERY_STEPS,
     Aggregate,
     Binary,
     Call,
@@ -104,6 +105,9 @@ class Evaluator:
         first = step * (start // step)
         if first < start:
             first += step
+        if (end - first) // step >= MAX_SUBQUERY_STEPS:
+            raise PromQLError(f"subquery over {node.range} ms every {step} ms: more than "
+                              f"{MAX_SUBQUERY_STEPS} steps")
         series: dict[Labels, tuple[list[int], list[float]]] = {}
         for at in range(first, end + 1, step):
             value = self.eval(node.expr, at)

@@ -118,10 +118,15 @@ _CARD = {"OneToOne": "one-to-one", "ManyToOne": "many-to-one", "OneToMany": "one
 def _enum(value) -> str:
     return str(value).rsplit(".", 1)[-1]
 SET_OPS = ("and", "or", "unless")
+MAX_SUBQUERY_STEPS = 100_000  # inner evaluations of one subquery at one instant
 
 
 def ms(d: timedelta) -> int:
     return (d.days * 86400 + d.seconds) * 1000 + d.microseconds // 1000
+
+
+def promql_duration(d: timedelta) -> str:
+    return pp.display_duration(d)
 
 
 def compile_query(text: str) -> object:
@@ -181,6 +186,9 @@ def _convert(e) -> object:
         if offset < 0:
             raise _unsupported("a negative offset")
         step = ms(e.step) if e.step is not None and ms(e.step) > 0 else None
+        if step is not None and ms(e.range) // step > MAX_SUBQUERY_STEPS:
+            raise PromQLError(f"subquery [{promql_duration(e.range)}:{promql_duration(e.step)}]: more than "
+                              f"{MAX_SUBQUERY_STEPS} steps")
         return Subquery(_convert(e.expr), ms(e.range), step, offset)
     if isinstance(e, pp.UnaryExpr):
         return Negate(_convert(e.expr))
