@@ -164,8 +164,9 @@ class Evaluator:
             hi = self._scalar(args[1], t)
             out = [(drop_name(lb), _go_min(hi, v)) for lb, v in vec]
         elif f == "round":
-            inverse = 1.0 / (self._scalar(args[1], t) if len(args) > 1 else 1.0)
-            out = [(drop_name(lb), fn.simple("floor", v * inverse + 0.5) / inverse) for lb, v in vec]
+            inverse = fn.arith("/", 1.0, self._scalar(args[1], t) if len(args) > 1 else 1.0)
+            out = [(drop_name(lb), fn.arith("/", fn.simple("floor", v * inverse + 0.5), inverse))
+                   for lb, v in vec]
         else:
             out = [(drop_name(lb), fn.simple(f, v)) for lb, v in vec]
         return _unique(out)
