@@ -36,6 +36,10 @@ def structural(node: object) -> object:
             out["type"], out["enum"] = "string", [value]
         elif key == "additionalProperties" and value is False:
             continue
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # OpenAPI v3.0 (what the API server reads) spells an exclusive bound as a flag on min/max
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         else:
             out[key] = structural(value)
     if "anyOf" in out:  # a boolean or its string spelling
