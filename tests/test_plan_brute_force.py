@@ -84,7 +84,7 @@ def test_small_plan_has_every_candidate(planned):
     assert {(c["latency_model"], c["engine"]["max_num_seqs"]) for c in result["candidates"]} == {
         (f"{gpu}-llama2-70b-tp{tp}", m) for gpu, tp, _ in GRID for m in (16, 64)}
     assert result["answer"]["met"] and result["answer"]["text"].startswith(
-        f"{result['answer']['replicas_at_peak']} replicas of ")
+        f"{result['answer']['replicas_at_peak']} replica")
 
 
 def test_static_fleet_equals_exhaustive_simulate_runs(planned, tmp_path):

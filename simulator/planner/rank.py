@@ -137,7 +137,8 @@ def answer(entries: list[dict], options: list[dict], peak: float, currency: str)
     met = sorted((p["cost_per_day"], name) for name, p in e["policies"].items() if p["met"])
     engine = ", ".join(f"{k} {v}" for k, v in e["engine"].items())
     engine = f" ({engine})" if engine else ""
-    text = (f"{st['replicas']} replicas of {e['deployment']}{engine} = {st['gpus']} GPUs, "
+    replicas = "1 replica" if st["replicas"] == 1 else f"{st['replicas']} replicas"
+    text = (f"{replicas} of {e['deployment']}{engine} = {st['gpus']} GPUs, "
             f"{money(st['cost_per_hour'], currency)}/h at the peak of {peak:.3g} req/s")
     policy = None
     if met:
