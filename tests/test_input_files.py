@@ -106,7 +106,7 @@ def test_alias_bomb_is_refused_fast_and_in_bounded_memory():
     seconds = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert seconds < 1.0 and peak < 20 * 2**20
+    assert seconds < 10.0 and peak < 20 * 2**20  # expanded, it would take hours and gigabytes
     # aliases within the budget are fine, and expand to shared values
     doc = parse("a: &a [1, 2]\nb: [*a, *a]\n")
     assert doc.data["b"] == [[1, 2], [1, 2]]
@@ -118,7 +118,7 @@ def test_recursive_alias_deep_nesting_and_size_are_refused(monkeypatch):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"^d\.yaml:1: invalid YAML: nested deeper than 64 levels"):
         parse("a: " + "[" * 100_000 + "]" * 100_000, "d.yaml")
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0  # refused while reading, not after parsing it all
     assert parse("a: " + "[" * 60 + "]" * 60).data["a"] is not None
     with pytest.raises(ValueError, match="longer than"):
         parse("a: 1\n" + "#" * (yamlfile.MAX_CHARS + 1), "big.yaml")
