@@ -1,6 +1,6 @@
 """The sweep on a Ray cluster (`--ray ADDRESS`, `auto`, or `local` for a Ray instance started here).
-Ray is an optional extra (`pip install 'slopilot[ray]'`); every node needs slopilot installed, and
-latency models or traces given as paths must exist at the same paths there."""
+Ray is optional (`pip install ray`); every node needs slopilot installed, and latency models, traces or
+specs given as paths must exist at the same paths there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class RayRunner:
         try:
             import ray
         except ImportError:
-            raise ValueError("--ray needs the ray package: pip install 'slopilot[ray]'") from None
+            raise ValueError("--ray needs the ray package: pip install ray") from None
         self.ray = ray
         options = {"num_cpus": workers} if address == "local" and workers else {}
         ray.init(address=None if address == "local" else address, include_dashboard=False,

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="simulations at once on this machine (default: one per CPU; 1: in this process)")
     parser.add_argument("--ray", metavar="ADDRESS", default=None,
-                        help="run on a Ray cluster: its address, 'auto', or 'local' (needs the ray extra)")
+                        help="run on a Ray cluster: its address, 'auto', or 'local' (needs the ray package)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--fail-on-slo-miss", action="store_true",
