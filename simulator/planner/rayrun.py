@@ -4,11 +4,13 @@ specs given as paths must exist at the same paths there."""
 
 from __future__ import annotations
 
-from simulator.planner.sweep import Job, run_job
+from collections.abc import Callable
 
 
 class RayRunner:
-    def __init__(self, address: str, workers: int | None = None):
+    """Runs `run_job` (simulator.planner.sweep.run_job) as Ray tasks."""
+
+    def __init__(self, address: str, workers: int | None, run_job: Callable):
         try:
             import ray
         except ImportError:
@@ -19,7 +21,7 @@ class RayRunner:
                  log_to_driver=False, configure_logging=False, **options)
         self.remote = ray.remote(run_job)
 
-    def submit(self, job: Job):
+    def submit(self, job):
         return self.remote.remote(job)
 
     def done(self, handles: list) -> list:

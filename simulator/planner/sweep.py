@@ -100,7 +100,7 @@ def make_runner(workers: int | None = None, ray_address: str | None = None):
     if ray_address:
         from simulator.planner.rayrun import RayRunner
 
-        return RayRunner(ray_address, workers)
+        return RayRunner(ray_address, workers, run_job)
     workers = workers or os.cpu_count() or 1
     return SerialRunner() if workers == 1 else PoolRunner(workers)
 
