@@ -80,7 +80,9 @@ def spec_rows(specs: list[str]) -> dict[str, str]:
         if not path.is_file():
             raise FileNotFoundError(f"--spec {spec}: file not found")
         name = load_spec(path.read_text(), path=spec).name
-        while name in rows or name.startswith((STATIC, ORACLE)):
+        if name.startswith((STATIC, ORACLE)):
+            name = f"spec {name}"
+        while name in rows:
             name += "'"
         rows[name] = str(path)
     return rows

@@ -18,7 +18,8 @@ from autoscaler.yamlfile import Document, document, parse
 from simulator.latency import is_model_path, load_latency_model
 from simulator.planner.schema import PLAN, POOL_KEYS
 from simulator.planner.traffic import scaled_workload
-from simulator.scenario_schema import resolve
+from simulator.scenario import load_scenario
+from simulator.scenario_schema import dist_at, resolve
 from simulator.scenario_workload import workload_config
 
 SEARCH_DEFAULTS = {"start_rate": 1.0, "step": 0.05, "duration": 600.0, "drain": 300.0, "max_replicas": 256}
@@ -106,7 +107,9 @@ def load_plan(source: str | Path | dict) -> Plan:
     policies = [_policy(doc.at("policies", i), base) for i in range(len(d.get("policies", [])))]
     _unique(doc, "policies", [p.name for p in policies])
     compress = float(d.get("compress", 1.0))
-    return Plan(
+    if "startup_delay" in d:
+        dist_at(doc, "startup_delay")
+    plan = Plan(
         name=str(d.get("name", name)),
         seeds=[int(s) for s in d.get("seeds", [0])],
         duration=float(d["duration"]),
@@ -122,6 +125,32 @@ def load_plan(source: str | Path | dict) -> Plan:
         autoscale=str(d.get("autoscale", "cheapest_per_deployment")),
         search={**SEARCH_DEFAULTS, **d.get("search", {})},
     )
+    _check_as_scenarios(plan, doc)
+    return plan
+
+
+def _check_as_scenarios(plan: Plan, doc: Document) -> None:
+    """Each deployment and policy as the simulator will read it (KV memory, limits, specs), so a bad one
+    is reported before any run, naming its place in the plan."""
+    first: dict[str, Candidate] = {}  # each deployment's first grid point, in the plan's order
+    for cand in plan.candidates:
+        first.setdefault(cand.deployment.name, cand)
+    for i, cand in enumerate(first.values()):
+        _try(doc, ("deployments", i), {**_scenario(plan), "pools": [cand.pool(1)]})
+    for j, p in enumerate(plan.policies):
+        pool = {**plan.candidates[0].pool(1), "autoscaler": p.autoscaler}
+        _try(doc, ("policies", j), {**_scenario(plan), "pools": [pool]})
+
+
+def _scenario(plan: Plan) -> dict:
+    return {"duration": 60.0, "workload": plan.workload, "slo": plan.slo, "router": plan.router}
+
+
+def _try(doc: Document, where: tuple, scenario: dict) -> None:
+    try:
+        load_scenario(scenario)
+    except ValueError as exc:
+        raise doc.error(where, f"as a scenario: {exc}") from None
 
 
 def _unique(doc: Document, key: str, names: list[str]) -> None:
