@@ -6,7 +6,7 @@
 // head of the kv head's group and every token of the tile reads each K/V row once, converted to float32.
 // Items run in parallel with OpenMP (torch's own runtime when torch is loaded first: same soname).
 // Hot loops use fixed-width lane arrays the compiler vectorizes without reassociating floats; on x86 they
-// are also built for AVX2+FMA and picked at load time, so the binary stays portable.
+// are also built for x86-64-v3 (AVX2, FMA) and picked at load time by CPU features, so the binary stays portable.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -25,19 +25,18 @@
 namespace py = pybind11;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SLOPILOT_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define SLOPILOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define SLOPILOT_CLONES
 #endif
 
 namespace {
 
-constexpr int kLanes = 16;
 constexpr int kMaxRows = 32;  // query rows (tokens x group heads) of one work item
 
 enum Dtype { kFloat32 = 0, kBFloat16 = 1 };
 
-__attribute__((always_inline)) inline float bf16_to_float(uint16_t x) {
+inline float bf16_to_float(uint16_t x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
@@ -71,110 +70,170 @@ struct Item {
   int32_t seq, kv_head, tok_begin, tok_end;
 };
 
-__attribute__((always_inline)) inline void load_row(float* dst, const void* base, int64_t offset, int64_t n, int dtype) {
-  if (dtype == kFloat32) {
-    std::memcpy(dst, static_cast<const float*>(base) + offset, n * sizeof(float));
-  } else {
-    const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-  }
-}
+#define INLINE __attribute__((always_inline)) inline
 
-// GCC vector extensions: 8 floats, lowered to whatever the target (clone) has
+// GCC vector extensions: 8 lanes, lowered to whatever the target (clone) has
 typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
 
-__attribute__((always_inline)) inline v8f load8(const float* p) {
+INLINE v8f load8(const float* p) {
   v8f v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-__attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
-// a . b over n floats, n a multiple of kLanes (rows are zero-padded to that width)
-__attribute__((always_inline)) inline float dot(const float* a, const float* b, int64_t n) {
-  v8f acc0 = {0}, acc1 = {0};
-  for (int64_t i = 0; i < n; i += kLanes) {
-    acc0 += load8(a + i) * load8(b + i);
-    acc1 += load8(a + i + 8) * load8(b + i + 8);
-  }
-  acc0 += acc1;
+INLINE v8f splat(float x) { return v8f{} + x; }
+
+INLINE float hsum(v8f v) {
   float s = 0;
-  for (int l = 0; l < 8; ++l) s += acc0[l];
+  for (int l = 0; l < 8; ++l) s += v[l];
   return s;
 }
 
-// o += p * x over n floats, n a multiple of kLanes
-__attribute__((always_inline)) inline void axpy(float* o, float p, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i += 8) store8(o + i, load8(o + i) + p * load8(x + i));
+// n bfloat16 -> float32, n a multiple of 8
+INLINE void bf16_row(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    v8h h;
+    std::memcpy(&h, src + i, sizeof h);
+    v8u w = __builtin_convertvector(h, v8u) << 16;
+    std::memcpy(dst + i, &w, sizeof w);
+  }
 }
 
-// One work item: rows r = (token, head in group); scores per row, softmax, weighted sum of V.
+// exp of x <= 0 (softmax inputs after subtracting the max): 2^n * e^r with |r| <= ln2/2, Taylor to r^7
+// (relative error below float epsilon); x < -87 (and -inf) gives 0.
+INLINE v8f exp8(v8f x) {
+  const v8i under = x < splat(-87.0f);
+  x = under ? splat(-87.0f) : x;
+  const v8i n = __builtin_convertvector(x * 1.44269504f - 0.5f, v8i);  // round to nearest for x <= 0
+  const v8f nf = __builtin_convertvector(n, v8f);
+  const v8f r = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+  v8f p = splat(1.0f / 5040);
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const v8i bits = (n + 127) << 23;
+  v8f two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return under ? splat(0.0f) : p * two_n;
+}
+
+// One work item: rows r = (token t, head g of the group), r = t * group + g. Row r sees positions
+// < limit(t); for one position the rows that see it are a suffix, so the loops need no masks.
 SLOPILOT_CLONES
 void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
   const int64_t d = a.head_dim;
-  const int64_t dp = (d + kLanes - 1) / kLanes * kLanes;
-  const int64_t group = a.num_heads / a.num_kv_heads;
+  const int64_t dp = (d + 7) / 8 * 8;
+  const bool direct = a.dtype == kFloat32 && d == dp;  // cache rows read in place, else converted
+  const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
   const int32_t seq_len = a.seq_lens[it.seq];
   const int32_t q_start = a.query_start_loc[it.seq];
   const int32_t q_len = a.query_start_loc[it.seq + 1] - q_start;
-  const int32_t first_pos = seq_len - q_len;
+  const int32_t first = seq_len - q_len + it.tok_begin;  // position of the item's first token
   const int n_tok = it.tok_end - it.tok_begin;
-  const int rows = static_cast<int>(n_tok * group);
-  const int32_t span = first_pos + it.tok_end;  // positions any row of the item reads
+  const int rows = n_tok * group;
+  const int32_t span = first + n_tok;  // positions any row of the item reads
+  const int64_t sp = (span + 7) / 8 * 8;
   const int32_t* table = a.block_tables + static_cast<int64_t>(it.seq) * a.bt_stride;
+  const int64_t bs = a.block_size;
+  const int64_t head_off = it.kv_head * a.c_stride_h;
 
-  scratch.assign(static_cast<size_t>(rows) * (dp * 2 + span) + dp, 0.0f);
-  float* q = scratch.data();               // [rows, dp], scaled
-  float* acc = q + rows * dp;              // [rows, dp]
-  float* scores = acc + rows * dp;         // [rows, span]
-  float* kv = scores + static_cast<int64_t>(rows) * span;  // one K or V row, [dp]
-  int32_t limit[kMaxRows];                 // row r reads positions < limit[r]
+  const size_t need = static_cast<size_t>(rows) * (2 * dp + sp) + dp;
+  if (scratch.size() < need) scratch.resize(need);
+  float* q = scratch.data();                               // [rows, dp], scaled
+  float* acc = q + rows * dp;                              // [rows, dp]
+  float* scores = acc + rows * dp;                         // [rows, sp]
+  float* buf = scores + static_cast<int64_t>(rows) * sp;   // one converted K or V row, [dp]
+  std::fill(q, scores, 0.0f);
+  std::fill(scores, buf, -std::numeric_limits<float>::infinity());
+  std::fill(buf, buf + dp, 0.0f);
   for (int t = 0; t < n_tok; ++t) {
     const int64_t tok = q_start + it.tok_begin + t;
-    for (int64_t g = 0; g < group; ++g) {
-      const int r = static_cast<int>(t * group + g);
-      const int64_t head = it.kv_head * group + g;
-      load_row(q + r * dp, a.query, tok * a.q_stride_t + head * a.q_stride_h, d, a.dtype);
-      for (int64_t i = 0; i < d; ++i) q[r * dp + i] *= a.scale;
-      limit[r] = first_pos + it.tok_begin + t + 1;
+    for (int g = 0; g < group; ++g) {
+      float* qr = q + (t * group + g) * dp;
+      const int64_t off = tok * a.q_stride_t + (it.kv_head * group + g) * a.q_stride_h;
+      for (int64_t i = 0; i < d; ++i)
+        qr[i] = a.scale * (a.dtype == kFloat32 ? static_cast<const float*>(a.query)[off + i]
+                                                : bf16_to_float(static_cast<const uint16_t*>(a.query)[off + i]));
     }
   }
-  // scores: each K row once, against every row that sees it
+  auto row = [&](const void* cache, int32_t pos) -> const float* {
+    const int64_t off = table[pos / bs] * a.c_stride_b + (pos % bs) * a.c_stride_s + head_off;
+    if (direct) return static_cast<const float*>(cache) + off;
+    if (a.dtype == kFloat32) {
+      std::memcpy(buf, static_cast<const float*>(cache) + off, d * sizeof(float));
+    } else if (d == dp) {
+      bf16_row(buf, static_cast<const uint16_t*>(cache) + off, d);
+    } else {
+      for (int64_t i = 0; i < d; ++i) buf[i] = bf16_to_float(static_cast<const uint16_t*>(cache)[off + i]);
+    }
+    return buf;
+  };
+  // scores: each K row once, against the rows that see it, four rows at a time
   for (int32_t pos = 0; pos < span; ++pos) {
-    const int64_t base = table[pos / a.block_size] * a.c_stride_b + (pos % a.block_size) * a.c_stride_s +
-                         it.kv_head * a.c_stride_h;
-    load_row(kv, a.k_cache, base, d, a.dtype);
-    for (int r = 0; r < rows; ++r)
-      if (pos < limit[r]) scores[static_cast<int64_t>(r) * span + pos] = dot(q + r * dp, kv, dp);
+    const float* k = row(a.k_cache, pos);
+    int r = pos < first ? 0 : (pos - first) * group;
+    for (; r + 4 <= rows; r += 4) {
+      v8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
+      const float* q0 = q + r * dp;
+      for (int64_t i = 0; i < dp; i += 8) {
+        const v8f kv = load8(k + i);
+        s0 += load8(q0 + i) * kv;
+        s1 += load8(q0 + dp + i) * kv;
+        s2 += load8(q0 + 2 * dp + i) * kv;
+        s3 += load8(q0 + 3 * dp + i) * kv;
+      }
+      scores[r * sp + pos] = hsum(s0);
+      scores[(r + 1) * sp + pos] = hsum(s1);
+      scores[(r + 2) * sp + pos] = hsum(s2);
+      scores[(r + 3) * sp + pos] = hsum(s3);
+    }
+    for (; r < rows; ++r) {
+      v8f s0 = {};
+      for (int64_t i = 0; i < dp; i += 8) s0 += load8(q + r * dp + i) * load8(k + i);
+      scores[r * sp + pos] = hsum(s0);
+    }
   }
+  // softmax numerators in place (positions a row does not see hold -inf, so exp gives 0)
   float inv_sum[kMaxRows];
   for (int r = 0; r < rows; ++r) {
-    float* s = scores + static_cast<int64_t>(r) * span;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int32_t p = 0; p < limit[r]; ++p) m = std::max(m, s[p]);
-    float sum = 0;
-    for (int32_t p = 0; p < limit[r]; ++p) {
-      s[p] = std::exp(s[p] - m);
-      sum += s[p];
+    float* s = scores + r * sp;
+    v8f m = splat(-std::numeric_limits<float>::infinity());
+    for (int64_t p = 0; p < sp; p += 8) {
+      const v8f x = load8(s + p);
+      m = x > m ? x : m;
     }
-    inv_sum[r] = 1.0f / sum;
+    float mx = m[0];
+    for (int l = 1; l < 8; ++l) mx = std::max(mx, m[l]);
+    v8f sum = {};
+    for (int64_t p = 0; p < sp; p += 8) {
+      const v8f e = exp8(load8(s + p) - mx);
+      store8(s + p, e);
+      sum += e;
+    }
+    inv_sum[r] = 1.0f / hsum(sum);
   }
   // weighted sum: each V row once
   for (int32_t pos = 0; pos < span; ++pos) {
-    const int64_t base = table[pos / a.block_size] * a.c_stride_b + (pos % a.block_size) * a.c_stride_s +
-                         it.kv_head * a.c_stride_h;
-    load_row(kv, a.v_cache, base, d, a.dtype);
-    for (int r = 0; r < rows; ++r) {
-      if (pos >= limit[r]) continue;
-      const float p = scores[static_cast<int64_t>(r) * span + pos];
-      axpy(acc + r * dp, p, kv, dp);
+    const float* v = row(a.v_cache, pos);
+    for (int r = pos < first ? 0 : (pos - first) * group; r < rows; ++r) {
+      const v8f p = splat(scores[r * sp + pos]);
+      float* o = acc + r * dp;
+      for (int64_t i = 0; i < dp; i += 8) store8(o + i, load8(o + i) + p * load8(v + i));
     }
   }
   for (int t = 0; t < n_tok; ++t) {
     const int64_t tok = q_start + it.tok_begin + t;
-    for (int64_t g = 0; g < group; ++g) {
-      const int r = static_cast<int>(t * group + g);
+    for (int g = 0; g < group; ++g) {
+      const int r = t * group + g;
       const int64_t off = tok * a.o_stride_t + (it.kv_head * group + g) * a.o_stride_h;
       const float* o = acc + r * dp;
       if (a.dtype == kFloat32) {

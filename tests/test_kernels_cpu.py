@@ -72,6 +72,7 @@ CASES = [
     (8, 1, 128, 8, [66, 13, 50], [1, 13, 9]),  # GQA 8, head 128: decode, prefill, chunk
     (4, 1, 128, 16, [90, 3], [35, 1]),  # GQA 4: chunk longer than one query tile, a decode
     (32, 1, 64, 16, [300, 2], [70, 2]),  # GQA 32: one token per tile
+    (6, 2, 20, 16, [30, 9], [1, 9]),  # head 20: rows padded to the vector width, not read in place
 ]
 
 
