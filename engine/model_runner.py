@@ -57,7 +57,6 @@ class ModelRunner:
             raise ValueError(f"need one token count per sequence, got {len(seqs)} seqs and "
                              f"{len(num_new_tokens)} counts")
         ids: list[int] = []
-        positions: list[int] = []
         sampling: list[int] = []  # index of each sampling seq's last token in the flat batch
         for seq, n in zip(seqs, num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
@@ -68,15 +67,12 @@ class ModelRunner:
                 raise ValueError(f"request {seq.request_id}: length {end} exceeds max_model_len "
                                  f"{self.max_model_len}")
             ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
             if end == len(seq.token_ids):
                 sampling.append(len(ids) - 1)
         meta = build_metadata([s.block_table for s in seqs], [s.num_computed_tokens + n for s, n in
                                                             zip(seqs, num_new_tokens)],
                               list(num_new_tokens), self.block_size, self.device)
-        dev = self.device
-        return (torch.tensor(ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev), meta, sampling)
+        return torch.tensor(ids, dtype=torch.int64, device=self.device), meta.positions, meta, sampling
 
     def _forward_logits(self, seqs: list[Sequence], num_new_tokens: list[int]
                         ) -> tuple[torch.Tensor, list[int]]:
