@@ -97,6 +97,10 @@ def test_plan_json_fields(report):
     (("duration: 3600\n", ""), "plan.yaml:1: duration: is required"),
     (("diurnal: {mean: 2,", "diurnal: {mean: -2,"),
      "plan.yaml:6: workload.arrivals.diurnal.mean: must be > 0"),
+    (("prefix_caching: false}", "kv_memory: {gpu_memory_gib: 10, weights_gib: 130, kv_bytes_per_token: 1}}"),
+     "plan.yaml:14: deployments[0]: as a scenario: pools[0].kv_memory: leaves no room for the KV cache"),
+    (("startup_delay: 30", "startup_delay: {dist: uniform, low: 5}"),
+     "plan.yaml:12: startup_delay.high: required for dist 'uniform'"),
 ])
 def test_bad_plans_name_file_line_and_field(tmp_path, edit, message):
     path = tmp_path / "plan.yaml"
