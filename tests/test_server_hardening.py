@@ -343,7 +343,7 @@ SAMPLING_FIELDS = {
 }
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzz_sampling_parameters_never_disable_the_engine(real, data):
     path = data.draw(st.sampled_from([CMPL, CHAT]))
