@@ -165,8 +165,8 @@ void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
                                                 : bf16_to_float(static_cast<const uint16_t*>(a.query)[off + i]));
     }
   }
-  auto row = [&](const void* cache, int32_t pos) -> const float* {
-    const int64_t off = table[pos / bs] * a.c_stride_b + (pos % bs) * a.c_stride_s + head_off;
+  // a cache row at element offset off, as float32: in place, or converted into buf
+  auto row = [&](const void* cache, int64_t off) -> const float* {
     if (direct) return static_cast<const float*>(cache) + off;
     if (a.dtype == kFloat32) {
       std::memcpy(buf, static_cast<const float*>(cache) + off, d * sizeof(float));
@@ -178,8 +178,11 @@ void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
     return buf;
   };
   // scores: each K row once, against the rows that see it, four rows at a time
-  for (int32_t pos = 0; pos < span; ++pos) {
-    const float* k = row(a.k_cache, pos);
+  for (int32_t b0 = 0; b0 < span; b0 += bs) {  // block by block: no division per position
+   const int64_t base = table[b0 / bs] * a.c_stride_b + head_off;
+   const int32_t b1 = static_cast<int32_t>(std::min<int64_t>(span, b0 + bs));
+   for (int32_t pos = b0; pos < b1; ++pos) {
+    const float* k = row(a.k_cache, base + (pos - b0) * a.c_stride_s);
     int r = pos < first ? 0 : (pos - first) * group;
     for (; r + 4 <= rows; r += 4) {
       v8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
@@ -201,6 +204,7 @@ void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
       for (int64_t i = 0; i < dp; i += 8) s0 += load8(q + r * dp + i) * load8(k + i);
       scores[r * sp + pos] = hsum(s0);
     }
+   }
   }
   // softmax numerators in place (positions a row does not see hold -inf, so exp gives 0)
   float inv_sum[kMaxRows];
@@ -222,13 +226,17 @@ void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
     inv_sum[r] = 1.0f / hsum(sum);
   }
   // weighted sum: each V row once
-  for (int32_t pos = 0; pos < span; ++pos) {
-    const float* v = row(a.v_cache, pos);
+  for (int32_t b0 = 0; b0 < span; b0 += bs) {
+   const int64_t base = table[b0 / bs] * a.c_stride_b + head_off;
+   const int32_t b1 = static_cast<int32_t>(std::min<int64_t>(span, b0 + bs));
+   for (int32_t pos = b0; pos < b1; ++pos) {
+    const float* v = row(a.v_cache, base + (pos - b0) * a.c_stride_s);
     for (int r = pos < first ? 0 : (pos - first) * group; r < rows; ++r) {
       const v8f p = splat(scores[r * sp + pos]);
       float* o = acc + r * dp;
       for (int64_t i = 0; i < dp; i += 8) store8(o + i, load8(o + i) + p * load8(v + i));
     }
+   }
   }
   for (int t = 0; t < n_tok; ++t) {
     const int64_t tok = q_start + it.tok_begin + t;
