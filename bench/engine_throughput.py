@@ -6,12 +6,17 @@ each run until their longest request is done; we run continuous batching. Prints
 ratios; medians over --repeats runs.
 
     .venv/bin/python bench/engine_throughput.py [--requests 256] [--repeats 3]
+
+With --backends torch,cpu it instead runs our engine alone on the three engine-speed workloads
+(64 prompts x 100 tokens -> 32, 256 x 100 -> 128, 256 Azure-conversation requests / 8), once per
+attention backend and dtype, interleaved, and prints tokens/s (wall and per CPU-second) and ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import random
 import statistics
 import sys
@@ -52,15 +57,111 @@ def azure_mix(n: int, max_len: int, seed: int) -> list[tuple[int, int]]:
     return [(max(1, min(p // scale, max_len // 2)), max(1, min(o // scale, max_len // 2))) for p, o in pairs]
 
 
-def run_ours(path: str, prompts, outs, max_num_seqs: int) -> float:
-    llm = LLM(path, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, num_kv_blocks=max_num_seqs * 64)
+def run_ours(path: str, prompts, outs, max_num_seqs: int, backend: str = "auto", dtype: str = "float32",
+             kv_blocks_per_seq: int = 64) -> float:
+    return run_ours_timed(path, prompts, outs, max_num_seqs, backend, dtype, kv_blocks_per_seq)[0]
+
+
+def run_ours_timed(path: str, prompts, outs, max_num_seqs: int, backend: str, dtype: str,
+                   kv_blocks_per_seq: int) -> tuple[float, float]:
+    """Output tokens per wall second and per CPU second of this process (all its threads)."""
+    llm = LLM(path, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
+              num_kv_blocks=max_num_seqs * kv_blocks_per_seq, attention_backend=backend, dtype=dtype)
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
     llm.generate(prompts[:4], params[:4])  # warm-up
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     results = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - t
+    elapsed, cpu = time.perf_counter() - t, time.process_time() - c
     assert [len(r.token_ids) for r in results] == list(outs)
-    return sum(outs) / elapsed
+    return sum(outs) / elapsed, sum(outs) / cpu
+
+
+def workloads(seed: int) -> dict[str, tuple[list[list[int]], list[int]]]:
+    """The three engine-speed workloads: name -> (prompts as token ids, output lengths)."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, MODEL["vocab_size"]) for _ in range(n)]
+
+    mix = azure_mix(256, MODEL["max_position_embeddings"], seed)
+    return {
+        "64x100 -> 32": ([ids(100) for _ in range(64)], [32] * 64),
+        "256x100 -> 128": ([ids(100) for _ in range(256)], [128] * 256),
+        "azure/8 x256": ([ids(p) for p, _ in mix], [o for _, o in mix]),
+    }
+
+
+def profile_decode(backends: list[str], dtype: str, steps: int, seed: int) -> None:
+    """cProfile of `steps` decode steps of 256 sequences at ~100-token context, per backend."""
+    import cProfile
+    import io
+    import pstats
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    prompts, _ = workloads(seed)["256x100 -> 128"]
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    with tempfile.TemporaryDirectory() as d:
+        LlamaForCausalLM(LlamaConfig(**MODEL)).eval().save_pretrained(d)
+        for backend in backends:
+            llm = LLM(d, max_num_seqs=256, max_num_batched_tokens=2048, num_kv_blocks=256 * 16,
+                      attention_backend=backend, dtype=dtype)
+            engine = llm.engine
+            for p in prompts:
+                engine.add_request(p, params)
+            while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.seqs.values()):
+                engine.step()  # prefill until every sequence decodes
+            prof = cProfile.Profile()
+            t, c = time.perf_counter(), time.process_time()
+            prof.enable()
+            for _ in range(steps):
+                engine.step()
+            prof.disable()
+            wall, cpu = (time.perf_counter() - t) / steps, (time.process_time() - c) / steps
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+            print(f"\n== {backend} {dtype}: decode step of 256 sequences: {wall * 1e3:.1f} ms wall, "
+                  f"{cpu * 1e3:.1f} ms CPU (under cProfile), load {os.getloadavg()[0]:.1f}")
+            print("\n".join(line for line in out.getvalue().splitlines()[6:] if line.strip()))
+
+
+def compare_backends(backends: list[str], dtypes: list[str], repeats: int, seed: int,
+                     only: list[str] | None) -> None:
+    """Our engine with each attention backend and dtype on the three workloads, runs interleaved."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(LlamaConfig(**MODEL)).eval()
+    loads = workloads(seed)
+    if only:
+        loads = {k: v for k, v in loads.items() if any(o in k for o in only)}
+    configs = [(b, d) for d in dtypes for b in backends]
+    wall: dict[tuple[str, str, str], list[float]] = {}
+    cpu: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        for r in range(repeats):
+            for name, (prompts, outs) in loads.items():
+                for backend, dtype in configs:
+                    w, c = run_ours_timed(d, prompts, outs, 256, backend, dtype, 16)
+                    wall.setdefault((name, backend, dtype), []).append(w)
+                    cpu.setdefault((name, backend, dtype), []).append(c)
+                    print(f"  run {r + 1} {name:15s} {backend:6s} {dtype:9s} {w:8.0f} tok/s "
+                          f"({c:.0f} per CPU-s), load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"\nmedian output tokens/s over {repeats} interleaved runs (per CPU-second in brackets); "
+          f"threads {torch.get_num_threads()}")
+    for name in loads:
+        for dtype in dtypes:
+            row = {b: (statistics.median(wall[name, b, dtype]), statistics.median(cpu[name, b, dtype]))
+                   for b in backends}
+            cells = "  ".join(f"{b} {w:7.0f} [{c:7.0f}]" for b, (w, c) in row.items())
+            ratio = ""
+            if len(backends) > 1:
+                base = row[backends[0]]
+                ratio = "  " + "  ".join(f"{b}/{backends[0]} {row[b][0] / base[0]:.2f}x "
+                                         f"[{row[b][1] / base[1]:.2f}x]" for b in backends[1:])
+            print(f"  {name:15s} {dtype:9s} {cells}{ratio}")
 
 
 def run_hf(model, prompts, outs, batch: int) -> float:
@@ -82,7 +183,23 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backends", help="compare attention backends instead (e.g. torch,cpu) on the three "
+                                       "engine workloads (64x100->32, 256x100->128, azure/8 x256)")
+    ap.add_argument("--dtypes", default="float32", help="with --backends: e.g. float32,bfloat16")
+    ap.add_argument("--workloads", help="with --backends: only workloads whose name contains one of these")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--profile-decode", type=int, metavar="STEPS",
+                    help="with --backends: cProfile this many decode steps of 256 sequences per backend")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.backends and args.profile_decode:
+        profile_decode(args.backends.split(","), args.dtypes.split(",")[0], args.profile_decode, args.seed)
+        return
+    if args.backends:
+        compare_backends(args.backends.split(","), args.dtypes.split(","), args.repeats, args.seed,
+                         args.workloads.split(",") if args.workloads else None)
+        return
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(args.seed)
