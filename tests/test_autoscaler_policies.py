@@ -13,7 +13,6 @@ from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, Trigger, fallback_
 from autoscaler.kpa import KpaPolicy, KpaSpec
 from autoscaler.ratio import RatioPolicy, SloTarget, ratio_step, slo_ratio
 from autoscaler.replay import LinearStepModel
-from autoscaler.signals import trigger_value
 from autoscaler.slo_model import SloModelPolicy, linear_forecast, predict, quantile_factor, replicas_needed
 
 SLOS = [SloTarget("ttft", 90, 2.0), SloTarget("tpot", 90, 0.1)]
@@ -338,24 +337,6 @@ def test_keda_state_round_trips_through_json():
     q.load_state_dict(json.loads(json.dumps(p.state_dict())))
     o = Observation(time=90, current_replicas=8, metrics={"q": 0})
     assert q.decide(o) == p.decide(o)
-
-
-def test_trigger_values_from_observation():
-    obs = Observation(
-        time=0,
-        current_replicas=4,
-        ready_replicas=4,
-        num_waiting=12,
-        num_running=40,
-        kv_usage=0.5,
-        arrival_rate=3.0,
-    )
-    assert trigger_value("sum(vllm:num_requests_waiting)", obs) == 12
-    assert trigger_value("avg(vllm:num_requests_running)", obs) == 10
-    assert trigger_value("avg(vllm:kv_cache_usage_perc)", obs) == 0.5
-    assert trigger_value("sum(rate(vllm:request_success_total[1m]))", obs) == 3.0
-    with pytest.raises(ValueError):
-        trigger_value("up", obs)
 
 
 # ---- export ----------------------------------------------------------------------------------------
