@@ -19,27 +19,34 @@ def _plt():
 
 
 def pareto_figure(result: dict):
+    """One point per option: a candidate's static fleet (square; attainment in its runs at the peak) or
+    a policy over the curve (circle; a marker per policy); the Pareto front outlined and joined."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    cur = result["currency"]
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(10, 5.5))
     names = [c["name"] for c in result["candidates"]]
     colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
-    shown = set()
+    policies = sorted({o["policy"] for o in result["ranking"] if o["policy"]})
+    markers = {None: "s", **{p: "o^vD<>"[i % 6] for i, p in enumerate(policies)}}
     for o in result["ranking"]:
-        label = o["candidate"] if o["candidate"] not in shown else None
-        shown.add(o["candidate"])
-        ax.scatter(100 * (o["attainment"] or 0), o["cost_per_day"], color=colors[o["candidate"]], label=label,
-                   marker="s" if o["policy"] is None else "o", edgecolors="black" if o["pareto"] else "none",
-                   s=50, zorder=3)
+        ax.scatter(100 * (o["attainment"] or 0), o["cost_per_day"], color=colors[o["candidate"]],
+                   marker=markers[o["policy"]], edgecolors="black" if o["pareto"] else "none", s=55, zorder=3)
     front = sorted((100 * (o["attainment"] or 0), o["cost_per_day"])
                    for o in result["ranking"] if o["pareto"])
-    if front:
-        ax.step(*zip(*front), where="post", color="black", lw=0.8, alpha=0.6, label="Pareto front")
+    if len(front) > 1:
+        ax.plot(*zip(*front), color="black", lw=0.8, alpha=0.6)
+    handles = [Line2D([], [], ls="", marker="o", color=colors[n], label=n) for n in names]
+    handles += [Line2D([], [], ls="", marker=m, color="grey", label=p or "static fleet at the peak")
+                for p, m in markers.items()]
+    handles.append(Line2D([], [], ls="-", marker="o", color="black", markerfacecolor="none", lw=0.8,
+                          label="Pareto front"))
+    ax.set_yscale("log")
     ax.set_xlabel("SLO attainment (% of requests within every SLO)")
-    ax.set_ylabel(f"cost per day ({cur})")
-    ax.set_title("Cost against SLO attainment (squares: static fleet at the peak; circles: a policy)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.set_ylabel(f"cost per day ({result['currency']})")
+    ax.set_title("Cost against SLO attainment, every option")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
 
