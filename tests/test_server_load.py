@@ -51,6 +51,12 @@ def start_server(log: Path) -> tuple[subprocess.Popen, int]:
     raise AssertionError("the server did not become healthy")
 
 
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the server's main (event-loop) thread has spent ready to run but waiting for a CPU:
+    when probes are slow and this grew, the machine was short of CPUs, not the loop busy."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -102,7 +108,7 @@ def run_load(tmp_path: Path, n_prompts: int, n_big: int, strict: bool = True) ->
     proc, port = start_server(tmp_path / "serve.log")
     probe = start_probe(port)
     try:
-        baseline = peak_rss_mb(proc.pid)
+        baseline, waited = peak_rss_mb(proc.pid), runqueue_wait_s(proc.pid)
         time.sleep(0.5)  # the probe is running
         t0 = time.monotonic()
         # the clients stand for machines of their own: niced, they never starve the server or the probe
@@ -113,7 +119,7 @@ def run_load(tmp_path: Path, n_prompts: int, n_big: int, strict: bool = True) ->
         results = json.loads(load.stdout)
         elapsed = time.monotonic() - t0
         latencies, failures = stop_probe(probe)
-        peak = peak_rss_mb(proc.pid)
+        peak, waited = peak_rss_mb(proc.pid), runqueue_wait_s(proc.pid) - waited
         assert proc.poll() is None, "the server died under load"
     finally:
         if probe.poll() is None:
@@ -126,6 +132,7 @@ def run_load(tmp_path: Path, n_prompts: int, n_big: int, strict: bool = True) ->
         counts[r] = counts.get(r, 0) + 1
     report = {"requests": len(results), "statuses": counts, "elapsed_s": round(elapsed, 1),
               "baseline_rss_mb": round(baseline), "peak_rss_mb": round(peak),
+              "loop_thread_waited_for_cpu_s": round(waited, 1), "load_average": os.getloadavg()[0],
               "health_probes": len(lat), "health_max_ms": round(lat[-1] * 1000, 1),
               "health_p99_ms": round(lat[int(0.99 * len(lat))] * 1000, 1)}
     print(report)
