@@ -3,10 +3,10 @@
 // Caches are [num_blocks, block_size, num_kv_heads, head_dim] (head_dim contiguous). Query token j of a
 // sequence with q_len new tokens and seq_len cached tokens sits at position seq_len - q_len + j and attends
 // to positions 0..that position. One work item is (sequence, kv head, tile of query tokens): every query
-// head of the kv head's group and every token of the tile reads each K/V row once, converted to float32.
-// Items run in parallel with OpenMP (torch's own runtime when torch is loaded first: same soname).
-// Hot loops use fixed-width lane arrays the compiler vectorizes without reassociating floats; on x86 they
-// are also built for x86-64-v3 (AVX2, FMA) and picked at load time by CPU features, so the binary stays portable.
+// head of the kv head's group and every token of the tile reads each K/V row once (bf16 rows converted
+// to float32; all arithmetic is float32). Items run in parallel with OpenMP (torch's own runtime when
+// torch is loaded first: same soname). Hot loops are 8-lane GCC vectors; on x86 the item function is also
+// built for x86-64-v3 (AVX2, FMA) and picked at load time by CPU features, so the binary stays portable.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
