@@ -76,4 +76,4 @@ demo: install
 	$(VENV)/bin/slopilot demo --live
 
 clean:
-	rm -rf $(VENV) build *.egg-info engine/_page_allocator*.so
+	rm -rf $(VENV) build *.egg-info engine/_page_allocator*.so engine/_paged_kernels*.so

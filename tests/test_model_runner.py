@@ -48,7 +48,9 @@ def test_runner_attributes(runner):
     assert runner.max_model_len == 512  # the cache (128 blocks of 4) is shorter than 1024 positions
     assert len(runner.kv_caches) == 2 and runner.kv_caches[0][0].shape == (128, BLOCK, 2, 16)
     assert runner.tokenizer.decode(runner.tokenizer.encode("abc")) == "abc"
-    assert runner.backend.name == "torch" and runner.dtype == torch.float32
+    from engine.attention.cpu_backend import kernels_available
+
+    assert runner.backend.name == ("cpu" if kernels_available() else "torch") and runner.dtype == torch.float32
 
 
 def test_preset_weights_follow_the_seed():
