@@ -20,7 +20,14 @@ from autoscaler.yamlfile import parse
 from simulator.latency import is_model_path, load_latency_model
 from simulator.planner.capacity import capacity_task
 from simulator.planner.oracle import oracle
-from simulator.planner.plan import SEARCH_DEFAULTS, Candidate, Deployment, Plan, resolved_workload
+from simulator.planner.plan import (
+    SEARCH_DEFAULTS,
+    Candidate,
+    Deployment,
+    Plan,
+    resolved_workload,
+    search_settings,
+)
 from simulator.planner.rows import oracle_row, run_row
 from simulator.planner.stages import static_task
 from simulator.planner.sweep import Job, drive
@@ -109,7 +116,7 @@ def sizing_plan(sc, raw: dict, seed: int, capacity_duration: float) -> tuple[Pla
     dep = Deployment(spec.name, pool, gpus, spec.cost_per_hour / gpus)
     plan = Plan(sc.name, [seed], sc.duration or 0.0, 1.0, resolved_workload(raw["workload"], sc.base_dir),
                 raw.get("slo", {}), 0.0, raw.get("router", {}), sc.currency, [Candidate(dep, {})], [],
-                "all", {**SEARCH_DEFAULTS, "duration": capacity_duration})
+                "all", search_settings({"duration": capacity_duration}))
     return plan, plan.candidates[0]
 
 

@@ -73,7 +73,7 @@ class Plan:
     candidates: list[Candidate]
     policies: list[PlanPolicy]
     autoscale: str  # all | cheapest_per_deployment
-    search: dict = field(default_factory=lambda: dict(SEARCH_DEFAULTS))
+    search: dict = field(default_factory=lambda: search_settings({}))
 
     @property
     def sim_duration(self) -> float:
@@ -123,10 +123,17 @@ def load_plan(source: str | Path | dict) -> Plan:
         candidates=[Candidate(dep, e) for dep in deployments for e in grid],
         policies=policies,
         autoscale=str(d.get("autoscale", "cheapest_per_deployment")),
-        search={**SEARCH_DEFAULTS, **d.get("search", {})},
+        search=search_settings(d.get("search", {})),
     )
     _check_as_scenarios(plan, doc)
     return plan
+
+
+def search_settings(given: dict) -> dict:
+    """The plan's search section with the defaults filled in."""
+    out = {**SEARCH_DEFAULTS, **given}
+    out.setdefault("peak_duration", out["duration"])
+    return out
 
 
 def _check_as_scenarios(plan: Plan, doc: Document) -> None:

@@ -5,9 +5,9 @@
     curve      the whole (compressed) curve under a policy (stage 2, autoscaled)
 
 Capacity and peak runs share the plan's arrival process and length mix, last `search.duration`
-seconds (a capacity run at a low rate longer, to hold MIN_REQUESTS) and drain for at most
-`search.drain`; replicas are ready from the start. Curve runs start replicas after the plan's startup
-delay.
+seconds (a capacity run at a low rate longer, to hold MIN_REQUESTS; a peak run `search.peak_duration`)
+and drain for at most `search.drain`; replicas are ready from the start. Curve runs start replicas
+after the plan's startup delay.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def capacity_scenario(plan: Plan, cand: Candidate, rate: float) -> dict:
 
 def peak_scenario(plan: Plan, cand: Candidate, replicas: int, peak_rate: float) -> dict:
     wl = constant_workload(plan.workload, peak_rate)
-    return _base(plan, f"{cand.name} peak", cand.pool(replicas), wl, plan.search["duration"])
+    return _base(plan, f"{cand.name} peak", cand.pool(replicas), wl, plan.search["peak_duration"])
 
 
 def curve_scenario(plan: Plan, cand: Candidate, autoscaler: dict, replicas: int, name: str) -> dict:

@@ -78,7 +78,8 @@ PLAN = mapping(
         "search": mapping({
             "start_rate": at_most(POS, 1e4),  # req/s a replica is tried at first
             "step": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.05},
-            "duration": at_most(SECONDS, 86400),  # of each capacity and peak run
+            "duration": at_most(SECONDS, 86400),  # of each capacity run
+            "peak_duration": at_most(SECONDS, 86400),  # of each run at the peak (default: duration)
             "drain": at_most({"type": "number", "minimum": 0}, MAX_DURATION),
             "max_replicas": at_most(COUNT1, MAX_REPLICAS),
         }),

@@ -50,9 +50,10 @@ def capacity_search(start: float, step: float, floor: float, ceiling: float) -> 
 
 
 def fleet_search(start: int, max_replicas: int) -> Generator[int, bool, int | None]:
-    """Yields replica counts from `start`, in steps of 1, 2, 4, ... away from it until the verdict
-    flips, then by bisection; returns the smallest count that met while one fewer missed (1 when one
-    replica meets), or None when even max_replicas misses."""
+    """Yields replica counts from `start`, away from it until the verdict flips (down in steps of 1, 2,
+    4, ...; up in steps of 1, 1, 2, 4, ...: a count that meets costs a run on every seed, one that misses
+    usually one, so the search creeps up from below), then by bisection; returns the smallest count
+    that met while one fewer missed (1 when one replica meets), or None when even max_replicas misses."""
     n = min(max(1, start), max_replicas)
     step = 1
     if (yield n):
@@ -71,7 +72,7 @@ def fleet_search(start: int, max_replicas: int) -> Generator[int, bool, int | No
             if (yield m):
                 hi = m
             else:
-                lo, step = m, 2 * step
+                lo, step = m, step if m - n < 2 else 2 * step
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if (yield mid):
