@@ -50,7 +50,8 @@ def test_runner_attributes(runner):
     assert runner.tokenizer.decode(runner.tokenizer.encode("abc")) == "abc"
     from engine.attention.cpu_backend import kernels_available
 
-    assert runner.backend.name == ("cpu" if kernels_available() else "torch") and runner.dtype == torch.float32
+    assert runner.backend.name == ("cpu" if kernels_available() else "torch")
+    assert runner.dtype == torch.float32
 
 
 def test_preset_weights_follow_the_seed():
