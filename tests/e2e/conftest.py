@@ -222,14 +222,17 @@ class VllmServer:
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
         env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
                    TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   # above httpx's 5 s pool expiry: at equal 5 s a reused idle connection can meet the
+                   # server's close, and the POST fails with ReadError
+                   VLLM_HTTP_TIMEOUT_KEEP_ALIVE="60")
         cmd = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(VLLM_MODEL_DIR), "--host", "127.0.0.1",
                "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
                "--max-num-seqs", str(VLLM_SETTINGS["max_num_seqs"]),
                "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"]),
                # the second name lets the fidelity driver shared with the tiny-server test address it
                "--served-model-name", VLLM_MODEL, "tiny"]
-        self.log = tempfile.TemporaryFile()
+        self.log = open(ROOT / "build" / "vllm-serve.log", "w+b")  # kept after the session, to read
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)  # its engine and worker processes go with it
 
@@ -269,14 +272,16 @@ class VllmServer:
 @pytest.fixture(scope="session")
 def vllm_server():
     """One ready VllmServer for the session (about 3 GB of memory: one at a time), stopped at the end."""
-    if not (VLLM_VENV / "bin" / "vllm").exists():
-        pytest.skip(f"{VLLM_VENV.name} does not exist (`make vllm` builds it)")
+    if not (VLLM_VENV / ".installed").exists():  # written last by `make vllm`: a failed build skips
+        pytest.skip(f"{VLLM_VENV.name} does not exist or is incomplete (`make vllm` builds it)")
     if not (VLLM_MODEL_DIR / "config.json").exists():
         pytest.skip(f"no model in {VLLM_MODEL_DIR} (`make vllm` writes it)")
     server = VllmServer()
     try:
         server.wait_ready()
         yield server
+        if server.proc.poll() is not None:
+            raise AssertionError(f"vllm serve exited during the session: {server.output()[-3000:]}")
     finally:
         server.stop()
         server.log.close()
