@@ -1,6 +1,6 @@
 """The plan file's schema, checked like a scenario's (autoscaler.validation): every unknown key and bad
 value is an error naming file, line and field, e.g. `plan.yaml:12: deployments[0].price_per_gpu_hour:
-must be >= 0, got -1`.
+must be > 0, got -1`.
 
 A plan reuses the scenario's sections where they mean the same thing (workload, slo, router, a pool's
 engine fields). Defaults live in simulator.planner.plan, next to the code that reads them.

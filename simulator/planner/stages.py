@@ -3,8 +3,9 @@ every candidate, then every policy over the whole curve on the chosen candidates
 turns the answers into costs, a ranking and the answer.
 
 The static fleet is the smallest replica count whose runs at the peak rate meet every SLO on every
-seed: the search starts at ceil(peak / capacity) and walks down while runs still meet, or up until one
-does (simulator.planner.search.fleet_search).
+seed, searched from ceil(peak / capacity) (simulator.planner.search.fleet_search). The oracle bound
+of a candidate bills, per minute, that minute's arrivals over the static fleet's share of the peak per
+replica, a startup delay ahead; the policies start from its first minute's count.
 """
 
 from __future__ import annotations
