@@ -121,6 +121,7 @@ def check(report: dict) -> None:
         pytest.xfail(f"simulated vs vLLM beyond 10% (p50) / 15% (p90): {misses}")
 
 
+@pytest.mark.slow  # about three minutes, and it misses the bar today (see the module doc)
 def test_vllm_calibrated_simulation_one_pair(vllm_server, tmp_path):
     check(compare(vllm_server.url, tmp_path, 200, pairs=1))
 
