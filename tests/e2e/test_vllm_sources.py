@@ -133,7 +133,9 @@ def test_sources_read_live_vllm(vllm_server, prometheus):
         assert set(o.ttft_p) == set(o.tpot_p) == set(o.itl_p) == {50, 90, 99}, report
         # the server times from arrival, the client adds the HTTP path both ways
         assert 0.25 * ttft <= o.ttft_p[50] <= 1.25 * ttft, report
-        assert o.tpot_p[50] == pytest.approx(tpot, rel=0.3), report
+        # the server's own histogram, interpolated in vLLM's coarse buckets (the first ends at 10 ms),
+        # and without the HTTP delivery the client also counts: the same magnitude, never above it
+        assert 0.25 * tpot <= o.tpot_p[50] <= 1.3 * tpot, report
         assert o.ttft_p[50] <= o.ttft_p[90] <= o.ttft_p[99], report
     assert seen["num_running"] >= 1, seen  # requests in flight were seen as running
     assert 0 < seen["kv_usage"] <= 1, seen
