@@ -29,6 +29,9 @@ IDLE_TOKENS = 6
 IDLE_REPEAT = 3
 NEWCOMERS = 3  # single-step prefills injected into each batch
 NEWCOMER_AFTER = 6  # batch tokens seen before the first newcomer is sent (and between newcomers)
+# an idle pooled connection is dropped before the server's keep-alive ends (uvicorn's default, vLLM's
+# too, is 5 s): reused just as the server closes it, a POST fails with a reset connection
+KEEPALIVE_S = 2.0
 CACHE_INFO = "vllm:cache_config_info"
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_hits_total",
             "vllm:num_preemptions_total", "vllm:iteration_tokens_total_count",
@@ -84,11 +87,30 @@ def plan(settings: dict, rng: np.random.Generator, round_: int = 0) -> list[Spec
     return specs
 
 
+def chunk_tokens(chunk: dict, seen: int) -> int:
+    """Tokens one streamed chunk carries. A server that lags behind its engine merges several tokens
+    into a chunk (vLLM does), so a chunk is not a step: the count is the chunk's token ids (vLLM's
+    `return_token_ids`), else the growth of the running usage (`continuous_usage_stats`, vLLM and
+    SGLang), else one a chunk (a server that streams every token alone and knows neither field)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return 0  # the final usage chunk
+    ids = choices[0].get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    usage = chunk.get("usage") or {}
+    if "completion_tokens" in usage:
+        return int(usage["completion_tokens"]) - seen
+    return 1
+
+
 async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int,
                   on_tokens: Callable[[int], None] | None = None) -> Stream:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0.0, "stream_options": {"include_usage": True}}
+            "temperature": 0.0, "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     s = Stream(prompt_tokens=len(prompt), sent=time.perf_counter())
+    seen = 0
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}/v1/completions answered {r.status_code}: {(await r.aread())[:300]!r}")
@@ -99,12 +121,13 @@ async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 s.prompt_tokens = int(chunk["usage"]["prompt_tokens"])
-            choices = chunk.get("choices") or []
-            if choices and choices[0].get("text"):
+            n = chunk_tokens(chunk, seen)
+            if n > 0:
+                seen += n
                 s.times.append(now)
-                s.counts.append(1)
+                s.counts.append(n)
                 if on_tokens is not None:
-                    on_tokens(len(s.times))
+                    on_tokens(seen)
     return s
 
 
@@ -181,7 +204,8 @@ def probe(url: str, model: str, settings: dict, budget_s: float, seed: int = 0,
     async def main() -> list[Probe]:
         out: list[Probe] = []
         start, last = time.monotonic(), 0.0
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024,
+                              keepalive_expiry=KEEPALIVE_S)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
             round_ = 0
             while True:

@@ -174,6 +174,44 @@ def test_rows_from_synthetic_lockstep_with_a_late_chunk():
     assert decode and all(r["latency_ms"] == pytest.approx(30.0, rel=0.02) for r in decode)
 
 
+def _merge(stream: Stream, held: set[int]) -> Stream:
+    """The stream as a lagging server sends it: the tokens of each step in `held` wait and go out with
+    the next step's chunk."""
+    times, counts, pending = [], [], 0
+    for k, (t, c) in enumerate(zip(stream.times, stream.counts)):
+        pending += c
+        if k not in held:
+            times.append(t)
+            counts.append(pending)
+            pending = 0
+    return Stream(stream.prompt_tokens, stream.sent, times, counts)
+
+
+def test_rows_from_synthetic_lockstep_with_merged_chunks():
+    probe = _lockstep_probe(4, 50, decode_ms=30.0, mixed_ms=48.0, join_at=10, late={})
+    held = [{3, 6, 14}, {4, 15}, {2, 17}, {5, 6, 7}]  # the last stream's steps 5-8 in one chunk
+    probe.streams = [_merge(s, h) for s, h in zip(probe.streams, held)]
+    assert [sum(s.counts) for s in probe.streams] == [20] * 4 and len(probe.streams[0].times) == 17
+    rows = batch_rows(probe)
+    mixed = [r for r in rows if r["phase"] == "mixed"]
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert len(mixed) == 1 and mixed[0]["latency_ms"] == pytest.approx(48.0, rel=0.02)
+    assert decode and all(r["latency_ms"] == pytest.approx(30.0, rel=0.02) for r in decode)
+
+
+@pytest.mark.parametrize("chunk, seen, tokens", [
+    ({"choices": [{"text": "ab", "token_ids": [5, 6]}]}, 0, 2),  # vLLM, return_token_ids
+    ({"choices": [{"text": "", "token_ids": []}]}, 3, 0),  # a finish chunk without tokens
+    ({"choices": [{"text": "a"}], "usage": {"prompt_tokens": 9, "completion_tokens": 7}}, 4, 3),
+    ({"choices": [{"text": ""}]}, 2, 1),  # a server that streams every token alone
+    ({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7}}, 7, 0),  # the usage chunk
+])
+def test_chunk_tokens(chunk, seen, tokens):
+    from controlplane.calibrate_probe import chunk_tokens
+
+    assert chunk_tokens(chunk, seen) == tokens
+
+
 def test_idle_rows_split_ttft_and_decode():
     s = Stream(200, 1.0, [1.050, 1.080, 1.110, 1.140], [1, 1, 1, 1])
     rows, ttfts = idle_rows(Probe("idle", [s]))

@@ -82,16 +82,17 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.median((y[j] - y[i])[ok] / (x[j] - x[i])[ok])) if ok.any() else float("nan")
 
 
-def _mixed_ms(ends: np.ndarray, mixed: set[int], j: int, half: int = 6) -> float | None:
-    """Step j's time: the decode pace on either side of it (robust slopes) plus the jump of the step
-    end times at j (median offsets after less before), so no single late chunk decides it."""
+def _mixed_ms(ends: np.ndarray, tokens: np.ndarray, mixed: set[int], j: int, half: int = 6) -> float | None:
+    """Step j's time: the decode pace on either side of it (robust slopes of the step end times over
+    the lead stream's token count, as a chunk may carry several tokens) plus the jump of the end
+    times at j (median offsets after less before), so no single late chunk decides it."""
     lo = max([k for k in mixed if k < j] + [max(0, j - half - 1)])
     hi = min([k - 1 for k in mixed if k > j] + [min(len(ends) - 1, j + half)])
     before, after = np.arange(lo, j), np.arange(j, hi + 1)
     if len(before) < 3 or len(after) < 3:
         return None
-    pace = float(np.median([_slope(before, ends[before]), _slope(after, ends[after])]))
-    jump = np.median(ends[after] - pace * after) - np.median(ends[before] - pace * before)
+    pace = float(np.median([_slope(tokens[before], ends[before]), _slope(tokens[after], ends[after])]))
+    jump = np.median(ends[after] - pace * tokens[after]) - np.median(ends[before] - pace * tokens[before])
     return 1000 * (pace + jump)
 
 
@@ -113,8 +114,9 @@ def batch_rows(probe: Probe) -> list[dict]:
         if j >= 1 and abs(ends[j] - nc.times[0]) <= ALIGN * typical:
             mixed[j] = nc.prompt_tokens
     rows = []
+    lead = counts[0].astype(float)
     for j, p in mixed.items():
-        ms = _mixed_ms(ends, set(mixed), j)
+        ms = _mixed_ms(ends, lead, set(mixed), j)
         if ms is not None:
             rows.append(_row("mixed", p, p, 1, b, ctx[j], ms, "batch"))
     segments: list[list[int]] = []  # runs of decode-only steps, cut into SEGMENT-step pieces
@@ -126,7 +128,7 @@ def batch_rows(probe: Probe) -> list[dict]:
         segments[-1].append(j)
     for seg in segments:
         points = np.arange(seg[0] - 1, seg[-1] + 1)
-        tokens = counts[0, points].astype(float)
+        tokens = lead[points]
         if len(points) >= 3 and tokens[-1] > tokens[0]:
             ms = 1000 * _slope(tokens, ends[points])
             rows.append(_row("decode", 0, 0, 0, b, float(np.mean(ctx[seg])), ms, "batch"))
