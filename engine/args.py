@@ -23,6 +23,7 @@ class EngineArgs:
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's (or the runner's) limit
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True  # off: a prompt is computed whole in one step
     scheduling_policy: str = "fcfs"
     seed: int = 0
     device: str = "cpu"
@@ -57,6 +58,9 @@ def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--no-chunked-prefill", "--no-enable-chunked-prefill", dest="enable_chunked_prefill",
+                   action="store_false", help="compute each prompt whole in one step (then "
+                   "--max-num-batched-tokens must be at least the model length)")
     g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default=d.device, help=real_only or None)

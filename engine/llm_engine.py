@@ -54,7 +54,8 @@ class LLMEngine:
                                    max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_model_len=min(model_len, self.runner.max_model_len),
                                    eos_token_id=eos,
-                                   policy=args.scheduling_policy)
+                                   policy=args.scheduling_policy,
+                                   enable_chunked_prefill=args.enable_chunked_prefill)
         self.model_name = args.model
         self.clock = clock
         self.seqs: dict[str, Sequence] = {}

@@ -24,7 +24,7 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
     step), and whether the last of them finishes some requests.
 
     True when every running request has only its last sampled token to compute, no waiting request
-    can be admitted (the batch is full, or the head of the queue does not fit now, and free blocks only
+    can be admitted (the batch is full, or the next request to start does not fit now, and free blocks only
     shrink while decoding), up to the first step that finishes a request (max_tokens, max_model_len),
     and as long as every block allocation succeeds.
     """
@@ -44,10 +44,8 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
     if sched.waiting and len(running) < sched.max_num_seqs:
         budget = sched.max_num_batched_tokens - len(running)
         if budget > 0:
-            head = sched.waiting[0]
-            hit_blocks, _ = bm.lookup_prefix(head)
-            n = min(len(head) - len(hit_blocks) * bm.block_size, budget)
-            if bm.can_admit(head, hit_blocks, n):
+            fit = sched.first_fit(budget)
+            if fit is not None and bm.can_admit(sched.waiting[fit[0]], fit[1], fit[3]):
                 return 0, False
     free = bm.num_free_blocks
     bs = bm.block_size

@@ -34,7 +34,8 @@ class Replica:
             self.bm = CountingBlockManager(spec.num_kv_blocks(), spec.block_size)
         else:  # the step-by-step reference always runs on the engine's own block manager
             self.bm = BlockManager(spec.num_kv_blocks(), spec.block_size, spec.prefix_caching)
-        self.sched = Scheduler(self.bm, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len)
+        self.sched = Scheduler(self.bm, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len,
+                               enable_chunked_prefill=spec.chunked_prefill)
         self.metrics = ReplicaMetrics()
         self.state = "provisioning"
         self.created = env.now

@@ -19,6 +19,7 @@ from autoscaler.slo import SloTarget
 from autoscaler.spec import load_spec
 from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
+from engine.core.scheduler import whole_prefill_error
 from simulator.dists import Dist
 from simulator.flow import Band, SaturationDetector
 from simulator.promql import PromQLError, compile_query
@@ -62,6 +63,7 @@ class PoolSpec:
     kv_memory: dict | None = None
     block_size: int = 16
     prefix_caching: bool = True
+    chunked_prefill: bool = True  # off: each prompt computed whole in one step
     provisioning_delay: Dist = field(default_factory=no_delay)  # from a scale-up to the replica serving
     cost_per_hour: float = 0.0
     step_overhead_ms: float = 0.0  # engine time per step outside the model (scheduling, output handling)
@@ -182,6 +184,7 @@ POOL_FIELDS = {
         "kv_blocks": int,
         "block_size": int,
         "prefix_caching": bool,
+        "chunked_prefill": bool,
         "cost_per_hour": float,
         "step_overhead_ms": float,
         "wakeup_ms": float,
@@ -227,13 +230,18 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     if blocks > MAX_KV_BLOCKS:
         key = "kv_memory" if pool.kv_memory is not None else "max_model_len"
         raise doc.error((key,), f"gives {blocks} KV blocks a replica, more than the limit of {MAX_KV_BLOCKS}")
+    if not pool.chunked_prefill:  # the scheduler's own rule, on the length it will use
+        model_len = min(pool.max_model_len, blocks * pool.block_size)
+        error = whole_prefill_error(pool.max_num_batched_tokens, model_len)
+        if error:
+            raise doc.error(("max_num_batched_tokens",), error)
     return pool
 
 
 # a calibrated server's recorded setting -> the pool field it sets
 MODEL_SETTINGS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                   "max_model_len": "max_model_len", "num_kv_blocks": "kv_blocks", "block_size": "block_size",
-                  "enable_prefix_caching": "prefix_caching"}
+                  "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill"}
 
 
 def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:

@@ -192,6 +192,7 @@ POOL = mapping(
         ),
         "block_size": at_most(COUNT1, MAX_BLOCK_SIZE),
         "prefix_caching": BOOL,
+        "chunked_prefill": BOOL,  # off: each prompt computed whole in one step
         "provisioning_delay": DIST,  # from a scale-up to the new replica serving
         "startup_delay": DIST,  # the older name of provisioning_delay
         "cost_per_hour": NONNEG,

@@ -2,8 +2,11 @@
 
 Each step, running requests go first (a decode takes one token, an unfinished prefill the rest
 of its chunk), then waiting requests fill what is left of the token budget; a prefill that does
-not fit is chunked. When blocks run out, the newest running request (or the lowest-priority one)
-is preempted: its blocks are freed and it is recomputed later, possibly from the prefix cache.
+not fit is chunked. With chunked prefill off, a prompt is computed whole in one step: a waiting
+request whose prefill does not fit what is left of the budget is passed over for this step and
+the next one that fits goes ahead (vLLM's V1 scheduler does the same). When blocks run out, the
+newest running request (or the lowest-priority one) is preempted: its blocks are freed and it is
+recomputed later, possibly from the prefix cache.
 """
 
 from __future__ import annotations
@@ -38,10 +41,20 @@ def length_left(seq: Sequence, max_model_len: int) -> int:
     return room if room < left else left
 
 
+def whole_prefill_error(max_num_batched_tokens: int, max_model_len: int) -> str | None:
+    """Why a scheduler without chunked prefill could not run (None: it can). Every prompt, and every
+    preempted request recomputed, must fit one step's token budget."""
+    if max_num_batched_tokens < max_model_len:
+        return (f"without chunked prefill a whole prompt is computed in one step, so max_num_batched_tokens "
+                f"({max_num_batched_tokens}) must be at least max_model_len ({max_model_len})")
+    return None
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
-                 eos_token_id: int | list[int] | None = None, policy: str = "fcfs"):
+                 eos_token_id: int | list[int] | None = None, policy: str = "fcfs",
+                 enable_chunked_prefill: bool = True):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -52,6 +65,11 @@ class Scheduler:
         self.max_model_len = min(max_model_len or pool_tokens, pool_tokens)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        if not enable_chunked_prefill:
+            error = whole_prefill_error(max_num_batched_tokens, self.max_model_len)
+            if error:
+                raise ValueError(error)
         # Llama-3 checkpoints end turns with several ids
         self.eos_token_ids = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
         self.policy = policy
@@ -110,14 +128,27 @@ class Scheduler:
             self._admit_waiting(out, budget, now)
         return out
 
+    def first_fit(self, budget: int) -> tuple[int, list[int], list[int], int] | None:
+        """The waiting request a step with `budget` tokens left would start next: its index in the
+        queue, its cached prefix (blocks, hashes) and the tokens it would compute. None: none fits.
+        Pure. With chunked prefill on it is always the head of the queue."""
+        for i, seq in enumerate(self.waiting):
+            hit_blocks, hit_hashes = self.bm.lookup_prefix(seq)
+            need = len(seq) - len(hit_blocks) * self.bm.block_size
+            if need <= budget or self.enable_chunked_prefill:
+                return i, hit_blocks, hit_hashes, min(need, budget)
+        return None
+
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            hit_blocks, hit_hashes = self.bm.lookup_prefix(seq)
-            n = min(len(seq) - len(hit_blocks) * self.bm.block_size, budget)
+            fit = self.first_fit(budget)
+            if fit is None:
+                break
+            i, hit_blocks, hit_hashes, n = fit
+            seq = self.waiting[i]
             if not self.bm.can_admit(seq, hit_blocks, n):
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             self.bm.admit(seq, hit_blocks, hit_hashes)
             self.bm.append_slots(seq, n)
             seq.status = SequenceStatus.RUNNING

@@ -27,7 +27,7 @@ from simulator.scenario_schema import (
 )
 
 # a deployment is a pool without a replica count or an autoscaler: the planner chooses those
-ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens")
+ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
 POOL_KEYS = ("latency_model", "max_model_len", "kv_blocks", "kv_memory", "block_size", "prefix_caching",
              "step_overhead_ms", "wakeup_ms", *ENGINE_KEYS)
 
@@ -72,6 +72,7 @@ PLAN = mapping(
         "engine": mapping({
             "max_num_seqs": grid(at_most(COUNT1, MAX_NUM_SEQS)),
             "max_num_batched_tokens": grid(TOKENS),
+            "chunked_prefill": grid(POOL["properties"]["chunked_prefill"]),
         }),
         "policies": {"type": "array", "maxItems": 32, "items": POLICY},
         "autoscale": {"enum": ["all", "cheapest_per_deployment"]},
