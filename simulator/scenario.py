@@ -221,6 +221,8 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     if "autoscaler" in p or "autoscaler" in top.data:
         scaler = _autoscaler(doc.at("autoscaler") if "autoscaler" in p else top.at("autoscaler"), base)
     pool = PoolSpec(p["name"], lm, **kw, autoscaler=scaler)
+    if not pool.chunked_prefill and "max_num_batched_tokens" not in kw:  # as vLLM: room for a whole prompt
+        pool.max_num_batched_tokens = max(pool.max_num_batched_tokens, pool.max_model_len)
     if pool.kv_blocks is None and pool.kv_memory is None:
         pool.kv_blocks = 1 + pool.max_model_len // pool.block_size * 8  # room for a few full-length requests
     try:

@@ -71,7 +71,8 @@ def test_every_prefill_is_whole_without_chunking_and_all_requests_finish(chunked
 
 def test_budget_below_model_length_is_refused_with_the_rule():
     bm = BlockManager(64, 4)
-    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(16\) must be at least max_model_len \(40\)"):
+    rule = r"max_num_batched_tokens \(16\) must be at least max_model_len \(40\)"
+    with pytest.raises(ValueError, match=rule):
         Scheduler(bm, max_num_batched_tokens=16, max_model_len=40, enable_chunked_prefill=False)
     Scheduler(bm, max_num_batched_tokens=16, max_model_len=40)  # chunking: any budget works
 
@@ -91,7 +92,8 @@ def test_simulator_fast_path_equals_stepping_without_chunking():
 
 
 def test_scenario_names_the_field_when_the_budget_is_too_small():
-    with pytest.raises(ValueError, match=r"max_num_batched_tokens: without chunked prefill .*\(512\).*\(3000\)"):
+    rule = r"max_num_batched_tokens: without chunked prefill .*\(512\).*\(3000\)"
+    with pytest.raises(ValueError, match=rule):
         _scenario(chunked_prefill=False, max_model_len=3000)
 
 
@@ -106,8 +108,8 @@ def test_engine_flag_in_both_spellings():
 
 
 def test_real_engine_runs_without_chunking():
-    from engine.llm import LLM
     from engine.core.sampling_params import SamplingParams
+    from engine.llm import LLM
     llm = LLM("tiny", max_num_batched_tokens=4096, max_model_len=4096, enable_chunked_prefill=False)
     prompts = [list(range(1, 1 + n)) for n in (5, 300, 40)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
@@ -117,6 +119,15 @@ def test_real_engine_runs_without_chunking():
 def test_scenario_loads_the_field():
     sc = load_scenario({"duration": 10, "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 10,
                                                      "output_tokens": 5},
-                        "pools": [{"name": "p", "latency_model": "h100-llama2-70b-tp4", "chunked_prefill": False,
-                                   "max_model_len": 4096, "max_num_batched_tokens": 4096}]})
+                        "pools": [{"name": "p", "latency_model": "h100-llama2-70b-tp4",
+                                   "chunked_prefill": False, "max_model_len": 4096,
+                                   "max_num_batched_tokens": 4096}]})
     assert sc.pools[0].chunked_prefill is False
+
+
+def test_without_chunking_the_budget_defaults_to_a_whole_prompt():
+    base = {"duration": 10, "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 10, "output_tokens": 5}}
+    pool = {"name": "p", "latency_model": "h100-llama2-70b-tp4", "max_model_len": 16384}
+    off = load_scenario({**base, "pools": [{**pool, "chunked_prefill": False}]}).pools[0]
+    on = load_scenario({**base, "pools": [pool]}).pools[0]
+    assert (on.max_num_batched_tokens, off.max_num_batched_tokens) == (8192, 16384)

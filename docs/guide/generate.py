@@ -57,6 +57,8 @@ SCENARIO_MEANINGS = {
     "pools[].kv_blocks": "KV-cache blocks a replica (or give kv_memory)",
     "pools[].kv_memory": "derive the KV blocks from GPU memory, weights and KV bytes a token",
     "pools[].provisioning_delay": "seconds from a scale-up to the new replica serving (or a distribution)",
+    "pools[].chunked_prefill": ("false: each prompt is computed whole in one step "
+                                "(max_num_batched_tokens then defaults to max_model_len)"),
     "pools[].cost_per_hour": "price of one replica an hour, for the cost report",
     "pools[].wakeup_ms": "from an arrival at an idle replica to its first step (`profile --from-run`)",
     "pools[].failure": "replica failures: mean time between failures, repair time",
