@@ -73,13 +73,22 @@ class GatewayQueue:
         held.done = True
         self.counts[held.band.priority] -= 1
 
-    def pop(self) -> Held | None:
-        """The next request to dispatch (highest band, oldest first), removed; None when empty."""
+    def pop(self, accept: Callable[[Held], bool] | None = None) -> Held | None:
+        """The next request to dispatch (highest band, oldest first), removed; None when empty.
+        With `accept`, the first one it accepts (the others keep their places)."""
         for b in self.bands:
             q = self.queues[b.priority]
-            while q:
-                held = q.popleft()
-                if not held.done:
+            while q and q[0].done:
+                q.popleft()
+            if accept is None:
+                if q:
+                    held = q.popleft()
+                    self._settle(held)
+                    return held
+                continue
+            for i, held in enumerate(q):
+                if not held.done and accept(held):
+                    del q[i]
                     self._settle(held)
                     return held
         return None
@@ -141,18 +150,28 @@ class SaturationDetector:
 
 
 def pump(queue: GatewayQueue, detector: SaturationDetector, replicas: list,
-         dispatch: Callable[[Held, list], None], now: float) -> list[Held]:
+         dispatch: Callable[[Held, list], None], now: float,
+         eligible: Callable[[Held, list], list] | None = None) -> list[Held]:
     """Expires what outlived its TTL, then dispatches in priority order while a replica has room.
 
     dispatch(held, room) must send the request to one replica of `room` and update that replica's
-    view (its waiting count), so the next round sees it. Returns the expired requests."""
+    view (its waiting count), so the next round sees it. eligible(held, room), when given, narrows
+    `room` to the replicas that can serve that request (its model): a request none of them serves
+    keeps its place while later ones go. Returns the expired requests."""
     expired = queue.expire(now)
     while len(queue):
         room = detector.room(replicas)
         if not room:
             break
-        held = queue.pop()
+        if eligible is None:
+            held = queue.pop()
+            if held is None:
+                break
+            dispatch(held, room)
+            continue
+        fits: dict[int, list] = {}
+        held = queue.pop(lambda h: bool(fits.setdefault(id(h), eligible(h, room))))
         if held is None:
             break
-        dispatch(held, room)
+        dispatch(held, fits[id(held)])
     return expired

@@ -88,3 +88,28 @@ def test_pump_with_no_endpoints_holds_until_ttl():
     q.offer("r", 0, 0.0)
     assert pump(q, d, [], lambda h, room: None, now=1.0) == [] and len(q) == 1
     assert [h.item for h in pump(q, d, [], lambda h, room: None, now=2.0)] == ["r"]
+
+
+def test_a_request_no_replica_with_room_serves_keeps_its_place():
+    q = GatewayQueue([Band(10, name="high"), Band(0, name="low")])
+    for item, prio in [("h-opt", 10), ("h-llama", 10), ("l-llama", 0), ("l-opt", 0)]:
+        q.offer(item, prio, 0.0)
+    reps = [R(0, num_waiting=0), R(1, num_waiting=5)]  # 0 serves llama and has room; 1 serves opt, full
+    model = {0: "llama", 1: "opt"}
+    sent = []
+
+    def dispatch(held, room):
+        assert [r.id for r in room] == [0]  # only what serves the request's model
+        room[0].num_waiting += 1
+        sent.append(held.item)
+
+    def eligible(held, room):
+        return [r for r in room if held.item.endswith(model[r.id])]
+
+    pump(q, SaturationDetector(queue_threshold=2), reps, dispatch, 0.0, eligible)
+    # the opt requests wait for replica 1 without blocking the llama ones behind them
+    assert sent == ["h-llama", "l-llama"] and len(q) == 2
+    reps[1].num_waiting = 0
+    pump(q, SaturationDetector(queue_threshold=2), reps, lambda h, room: sent.append((h.item, room[0].id)),
+         0.0, eligible)
+    assert sent[2:] == [("h-opt", 1), ("l-opt", 1)] and len(q) == 0

@@ -70,6 +70,10 @@ class Endpoint:
     models: set[str] = field(default_factory=set)
     served: int = 0
 
+    def serves(self, model: str) -> bool:
+        """Whether it may take a request for `model` (any, while its page has shown no model name)."""
+        return not model or not self.models or model in self.models
+
     @property
     def num_waiting(self) -> int:
         """The engine's waiting queue, the larger of two estimates: the last scrape's, moved by what

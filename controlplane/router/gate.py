@@ -5,6 +5,8 @@ A request is offered to its priority band (full: 429), then waits for `pump` to 
 highest band first, to an endpoint with room by the saturation detector, chosen by filter-score-pick.
 Without flowControl in the config the detector never calls an endpoint saturated, so requests wait
 only while there is no endpoint at all (scaled to zero), up to their band's TTL (then 503).
+A request goes only to endpoints serving its model (the model_name of their metrics); one for a
+model no endpoint serves is answered 404 at once.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Gate:
         return objectives.get(model, self.cfg.default_priority)
 
     async def acquire(self, p: Pending) -> Endpoint:
+        if not self.pool.may_serve(p.model):
+            raise Refused(404, f"The model `{p.model}` does not exist (no endpoint of this pool serves it).",
+                          "NotFoundError")
         held = self.queue.offer(p, p.priority, self.clock())
         label = self.queue.band_for(p.priority).label
         if held is None:
@@ -94,7 +99,8 @@ class Gate:
             raise
 
     def pump(self) -> None:
-        expired = pump(self.queue, self.detector, self.pool.routable(), self._dispatch, self.clock())
+        expired = pump(self.queue, self.detector, self.pool.routable(), self._dispatch, self.clock(),
+                       self._serving)
         for held in expired:
             p = held.item
             none = not self.pool.routable()
@@ -106,6 +112,11 @@ class Gate:
         self._sizes()
         self.metrics.saturation.labels(self.metrics.pool, "effective").set(
             self.detector.saturation(self.pool.routable()))
+
+    @staticmethod
+    def _serving(held: Held, room: list[Endpoint]) -> list[Endpoint]:
+        model = held.item.model
+        return [e for e in room if e.serves(model)]
 
     def _dispatch(self, held: Held, room: list[Endpoint]) -> None:
         p = held.item
@@ -125,7 +136,7 @@ class Gate:
     def retry_target(self, p: Pending, tried: set[str]) -> Endpoint | None:
         """Another endpoint for a request that failed before its first byte (None: none left)."""
         self.release(p, pump=False)
-        others = [e for e in self.pool.routable() if e.url not in tried]
+        others = [e for e in self.pool.routable() if e.url not in tried and e.serves(p.model)]
         return self.pick(p, others) if others else None
 
     def take(self, ep: Endpoint, p: Pending) -> None:

@@ -60,6 +60,12 @@ class Pool:
     def routable(self) -> list[Endpoint]:
         return routable(list(self.endpoints.values()))
 
+    def may_serve(self, model: str) -> bool:
+        """False only when every endpoint has named its models and none is `model` (then 404); with
+        no endpoint at all (scaled to zero) a request waits for one."""
+        eps = [e for e in self.endpoints.values() if not e.draining]
+        return not eps or any(e.serves(model) for e in eps)
+
     # -- failures --------------------------------------------------------------------------------
     def failed(self, ep: Endpoint, why: str, refused: bool = False) -> None:
         ep.failures += 1

@@ -21,8 +21,9 @@ from controlplane.router.server import RouterServer
 from tests.e2e.conftest import ROOT, EmulatedServer, wait_for, wait_healthy
 
 
-def start_router(urls, config=None, **kw) -> RouterServer:
-    return RouterServer(build_router_app(load_router_config(config), static(urls), **kw)).start()
+def start_router(urls, config=None, discover=None, **kw) -> RouterServer:
+    """The router in a thread, in front of fixed `urls` (or what `discover()` returns)."""
+    return RouterServer(build_router_app(load_router_config(config), discover or static(urls), **kw)).start()
 
 
 class Engine(EmulatedServer):
