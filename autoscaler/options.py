@@ -37,6 +37,16 @@ SLO_MODEL_OPTIONS = {
     "burstZ": "burst_z",
     "burstSlope": "burst_slope",
     "dropOnFall": "drop_on_fall",
+    "arrivalsQuery": "arrivals_query",
+    "queueQuery": "queue_query",
+    "fastWindowSeconds": "fast_window",
+    "seasonPeriodSeconds": "season_period",
+    "seasonBins": "season_bins",
+    "seasonWeekly": "season_weekly",
+    "seasonWeight": "season_weight",
+    "batchArrivalsQuery": "batch_arrivals_query",
+    "batchQueueQuery": "batch_queue_query",
+    "batchDeadlineSeconds": "batch_deadline",
 }
 # Knative's spelling of KpaSpec: percentages of the stable window and of 1.0
 _KPA = {name: param_default(KpaSpec, name) for name in inspect.signature(KpaSpec).parameters}

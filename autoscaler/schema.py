@@ -254,6 +254,19 @@ POLICY = {
                     "burstZ": {"type": "number", "minimum": 0},
                     "burstSlope": {"enum": ["trend", "last"]},
                     "dropOnFall": {"type": "boolean"},
+                    # fast router signals: PromQL for the arrival counter and the gateway queue
+                    "arrivalsQuery": {"type": "string"},
+                    "queueQuery": {"type": "string"},
+                    "fastWindowSeconds": {"type": "number", "exclusiveMinimum": 0},
+                    # a learned time-of-day profile (period 0: none)
+                    "seasonPeriodSeconds": {"type": "number", "minimum": 0},
+                    "seasonBins": {"type": "integer", "minimum": 1, "maximum": 10000},
+                    "seasonWeekly": {"type": "boolean"},
+                    "seasonWeight": {"type": "number", "minimum": 0, "maximum": 1},
+                    # a deferrable batch band: its arrival counter, gateway queue and deadline
+                    "batchArrivalsQuery": {"type": "string"},
+                    "batchQueueQuery": {"type": "string"},
+                    "batchDeadlineSeconds": {"type": "number", "exclusiveMinimum": 0},
                 },
                 {k: param_default(SloModelPolicy, kw) for k, kw in SLO_MODEL_OPTIONS.items()},
             ),

@@ -23,6 +23,19 @@ policy provisions for the rate now instead of ordering replicas that would start
 queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits
 scaleDownDelay seconds (the highest recommendation of that window wins), like the HPA's stabilization.
 Spec names: trendWindowSeconds, burstRise, burstZ, burstSlope, dropOnFall.
+
+Three opt-in inputs (all off by default, then the policy is exactly the one above):
+
+* fast signals (arrivalsQuery, queueQuery): the router's arrival counter and gateway queue, scraped
+  every few seconds, read as triggers named "arrivals" and "queue". The rate now is the counter's rise
+  over the last fastWindowSeconds instead of a 60-s windowed rate, and the "last" slope is taken over
+  that window; the gateway queue joins the backlog. When the counter is missing the 60-s path is used.
+* a learned seasonal profile (seasonPeriodSeconds > 0, autoscaler.seasonal): the look-ahead forecast is
+  seasonWeight x the profile's shape (at today's level) + the rest x the long trend.
+* a batch band (batchArrivalsQuery, batchQueueQuery, batchDeadlineSeconds): the trend, burst test and
+  profile follow the interactive rate (total - batch); batch is provisioned at its mean rate over the
+  forecast window plus its gateway queue drained within half its deadline, so during a burst the
+  gateway defers batch instead of the policy buying capacity for it.
 """
 
 from __future__ import annotations
@@ -31,9 +44,20 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from autoscaler.keda import Trigger
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
+from autoscaler.seasonal import Profile
 from autoscaler.slo import SloTarget
+
+# spec option -> the trigger name its query is read under (obs.metrics)
+SIGNALS = {"arrivalsQuery": "arrivals", "queueQuery": "queue", "batchArrivalsQuery": "batch_arrivals",
+           "batchQueueQuery": "batch_queue"}
+
+
+def signal_triggers(options: dict) -> list[Trigger]:
+    """The fast-signal queries a sloModel block sets, as triggers (read as any trigger, live or simulated)."""
+    return [Trigger(name, options[key], 0.0) for key, name in SIGNALS.items() if options.get(key)]
 
 
 class StepTimeModel(Protocol):
@@ -187,6 +211,16 @@ class SloModelPolicy(Policy):
         burst_z: float = 4.0,
         burst_slope: str = "trend",
         drop_on_fall: bool = False,
+        arrivals_query: str = "",
+        queue_query: str = "",
+        fast_window: float = 15.0,
+        season_period: float = 0.0,
+        season_bins: int = 96,
+        season_weekly: bool = False,
+        season_weight: float = 0.5,
+        batch_arrivals_query: str = "",
+        batch_queue_query: str = "",
+        batch_deadline: float = 3600.0,
     ):
         if not slos:
             raise ValueError("spec.slo: the sloModel policy needs at least one SLO (ttft or tpot)")
@@ -204,15 +238,53 @@ class SloModelPolicy(Policy):
         if burst_slope not in ("trend", "last"):
             raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend or last, not {burst_slope!r}")
         self.burst_z, self.burst_slope, self.drop_on_fall = burst_z, burst_slope, drop_on_fall
+        self.arrivals_query, self.queue_query, self.fast_window = arrivals_query, queue_query, fast_window
+        self.batch_arrivals_query, self.batch_queue_query = batch_arrivals_query, batch_queue_query
+        self.season_period, self.season_bins, self.season_weekly = season_period, season_bins, season_weekly
+        self.fast, self.batch = bool(arrivals_query), bool(batch_arrivals_query)
+        self.batch_deadline, self.season_weight = batch_deadline, season_weight
+        self.profile = Profile(season_period, season_bins, season_weekly) if season_period > 0 else None
         self.rates: list[list[float]] = []  # [time, arrival rate]
         self.recs: list[list[float]] = []  # [time, recommendation]
+        self.counts: list[list[float]] = []  # [time, arrivals counter, batch arrivals counter]
 
     def state_dict(self) -> dict:
-        return {"rates": self.rates, "recs": self.recs}
+        state = {"rates": self.rates, "recs": self.recs}
+        if self.fast:
+            state["counts"] = self.counts
+        if self.profile is not None:
+            state["profile"] = self.profile.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.rates = [list(x) for x in state.get("rates", [])]
         self.recs = [list(x) for x in state.get("recs", [])]
+        self.counts = [list(x) for x in state.get("counts", [])]
+        if self.profile is not None and "profile" in state:
+            self.profile.load_state_dict(state["profile"])
+
+    def fast_rates(self, obs: Observation) -> tuple[float, float] | None:
+        """(rate now, batch mean rate) from the router's counters; None when the counter is not there.
+
+        The rate now is the counter's rise over the last fast_window seconds (interactive only when a
+        batch counter is read); the batch rate is its rise over the whole forecast window."""
+        total = obs.metrics.get("arrivals")
+        batch = obs.metrics.get("batch_arrivals") if self.batch else 0.0
+        if total is None or batch is None or math.isnan(total) or math.isnan(batch):
+            return None
+        now = obs.time
+        if self.counts and (total < self.counts[-1][1] or batch < self.counts[-1][2]):
+            self.counts = []  # a counter reset (the router restarted)
+        self.counts.append([now, total, batch])
+        self.counts = [c for c in self.counts if c[0] >= now - self.forecast_window - 1e-9]
+        older = [c for c in self.counts if c[0] <= now - self.fast_window + 1e-9]
+        if not older:
+            return None
+        t0, c0, b0 = older[-1]
+        rate = ((total - batch) - (c0 - b0)) / (now - t0)
+        ts, _, bs = self.counts[0]
+        batch_rate = (batch - bs) / (now - ts) if now > ts else 0.0
+        return max(rate, 0.0), max(batch_rate, 0.0)
 
     def demand(self, obs: Observation) -> float:
         """The arrival rate to provision for: now, or forecast at now + startup delay, plus backlog drain.
@@ -223,14 +295,27 @@ class SloModelPolicy(Policy):
         is mostly noise. The horizon adds one polling interval: the observed rate is a trailing window
         average and lags the true one."""
         now, rate = obs.time, obs.arrival_rate or 0.0
+        fast = self.fast_rates(obs) if self.fast else None
+        batch_rate = 0.0
+        if fast is not None:
+            rate, batch_rate = fast
         self.rates.append([now, rate])
         self.rates = [r for r in self.rates if r[0] > now - self.forecast_window]
         at = now + self.startup_delay + self.polling_interval
         ahead = linear_forecast(self.rates, now + self.startup_delay) or 0.0
+        if self.profile is not None:
+            self.profile.observe(now, rate)
+            seasonal = self.profile.forecast(now, linear_forecast(self.rates, now) or rate, at)
+            if seasonal is not None:
+                ahead = self.season_weight * seasonal + (1.0 - self.season_weight) * ahead
         short = [r for r in self.rates if r[0] > now - self.trend_window - 1e-9]
         burst = linear_forecast(short, at) or 0.0
         if self.burst_slope == "last" and len(self.rates) >= 2:
-            (t0, r0), (t1, r1) = self.rates[-2], self.rates[-1]
+            # the last polling interval's slope; with fast signals, over one fast window (the rates of
+            # consecutive polls overlap and their difference is mostly noise)
+            gap = self.fast_window if fast is not None else 0.0
+            (t1, r1) = self.rates[-1]
+            (t0, r0) = next((r for r in reversed(self.rates[:-1]) if r[0] <= t1 - gap + 1e-9), self.rates[-2])
             if t1 > t0:
                 burst = max(burst, r1 + (r1 - r0) / (t1 - t0) * (at - t1))
         past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
@@ -246,7 +331,14 @@ class SloModelPolicy(Policy):
             if falling:  # a burst's tail: the long trend still points up, the load is going down
                 ahead = min(ahead, rate)
         rate = max(rate, ahead)
-        return rate + (obs.num_waiting or 0.0) / self.drain_seconds
+        queue = obs.metrics.get("queue") if self.fast else None
+        waiting = (obs.num_waiting or 0.0) + (queue if queue is not None and not math.isnan(queue) else 0.0)
+        if self.batch:
+            batch_queue = obs.metrics.get("batch_queue")
+            batch_queue = 0.0 if batch_queue is None or math.isnan(batch_queue) else batch_queue
+            waiting = max(waiting - batch_queue, 0.0)  # batch waits by design; it has its own term
+            rate += batch_rate + batch_queue / (self.batch_deadline / 2.0)
+        return rate + waiting / self.drain_seconds
 
     def decide(self, obs: Observation) -> Decision:
         no_mix = obs.mean_prompt_tokens is None or obs.mean_output_tokens is None

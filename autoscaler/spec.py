@@ -27,7 +27,7 @@ from autoscaler.schema import (
     validate,
 )
 from autoscaler.slo import SloTarget
-from autoscaler.slo_model import SloModelPolicy, StepTimeModel
+from autoscaler.slo_model import SloModelPolicy, StepTimeModel, signal_triggers
 from autoscaler.yamlfile import Document, document, parse
 
 SO_DEFAULTS = defaults_of(SCALED_OBJECT["properties"]["spec"])
@@ -51,7 +51,9 @@ class Spec:
 
     @property
     def triggers(self) -> list[Trigger]:
-        return self.keda.triggers if self.keda else []
+        if self.keda:
+            return self.keda.triggers
+        return signal_triggers(self.options) if self.policy_type == "sloModel" else []
 
 
 def _bool(v, default: bool) -> bool:

@@ -1,9 +1,16 @@
-"""Autoscaling policies on the fleet simulator.
+"""Autoscaling policies on the fleet simulator, on three workloads (--workload):
 
-A 6-hour diurnal workload with two bursts (3x within 2 minutes) of Azure-like conversation requests
-on H100 Llama-2-70B TP4 replicas that take 2 minutes to start. For each policy -- static peak
-provisioning, HPA on running requests, KEDA on the waiting queue, the llm-d ratio law and the
-model-based SLO-headroom policy -- the SLO attainment (TTFT p90 <= 2 s, TPOT p90 <= 100 ms),
+* bursty: the day below;
+* seasonal: three days of the same diurnal curve (a "day" is --hours long), each day's amplitude and
+  phase drawn at random (+-10%, +-15 minutes, seeded), no bursts; scored on days 2 and 3;
+* priority: the bursty day behind a gateway queue with two priority bands, 30% of requests in a batch
+  band whose deadline is an hour; scored on the interactive band's attainment and on batch requests
+  done within the deadline.
+
+The bursty day: a 6-hour diurnal workload with two bursts (3x within 2 minutes) of Azure-like
+conversation requests on H100 Llama-2-70B TP4 replicas that take 2 minutes to start. For each
+policy -- static peak provisioning, HPA on running requests, KEDA on the waiting queue, the llm-d
+ratio law and the model-based SLO-headroom policy -- the SLO attainment (TTFT p90 <= 2 s, TPOT p90 <= 100 ms),
 GPU-hours and scale events, beside an oracle lower bound: per minute, the fewest replicas that meet
 the SLO with perfect foresight (from a measured per-replica capacity), started 2 minutes ahead and
 billed while starting.
@@ -16,8 +23,14 @@ bound (the oracle's plan, blind to each burst until it is seen, then ordering th
 once, ready a startup delay later), when the burst is seen at its start and 30 s after it (the first
 15-s scrape, read at the next 15-s poll), and the 30-s bound on top of standing headroom x h.
 
-    .venv/bin/python bench/policies.py [--hours 6] [--out out/bench_policies] [--plot docs/img/policies.png]
-        [--bounds] [--headroom 1.25 1.5 1.75 2]
+    .venv/bin/python bench/policies.py [--workload bursty|seasonal|priority] [--seed 7] [--hours 6]
+        [--out out/bench_policies] [--plot docs/img/policies.png] [--json OUT] [--bounds]
+        [--headroom 1.25 1.5 1.75 2]
+
+"Ours" is the model-based policy with the router's fast signals (its arrival counter and gateway
+queue, scraped every 2 s, read every 5 s), with the learned seasonal profile on the seasonal days and
+the batch band's deadline on the priority day; the 60-s row is the same policy on the engines' 60-s
+rates (today's default).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.planner.oracle import oracle, plan_steps  # noqa: E402
-from simulator.report import request_table, slo_meets  # noqa: E402
+from simulator.report import request_table, slo_meets, window_attainment  # noqa: E402
 from simulator.run import build_workload, simulate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 
@@ -60,29 +73,67 @@ LENGTHS = {
     "output_tokens": {"dist": "lognormal", "mean": 211, "median": 129, "max": 2048},
 }
 SLO = {"ttft": {"seconds": TTFT_SLO, "percentile": 90}, "tpot": {"seconds": TPOT_SLO, "percentile": 90}}
+WORKLOADS = ("bursty", "seasonal", "priority")
+DAYS = 3  # seasonal: days simulated; scored from day 2
+INTERACTIVE, BATCH = 10, 0  # band priorities (the router's priority label)
+BATCH_SHARE, BATCH_DEADLINE = 0.3, 3600.0
+FLOW = {  # the priority workload's gateway: interactive first, batch held up to its deadline
+    "queue_threshold": 4,
+    "kv_threshold": 0.9,
+    "bands": [
+        {"priority": INTERACTIVE, "name": "interactive", "capacity": 100000, "ttl": 3600,
+         "share": 1 - BATCH_SHARE},
+        {"priority": BATCH, "name": "batch", "capacity": 100000, "ttl": BATCH_DEADLINE, "share": BATCH_SHARE},
+    ],
+}
+ROUTER_ARRIVALS = "sum(llm_d_epp_request_total)"
+ROUTER_QUEUE = "sum(llm_d_epp_flow_control_queue_size)"
 
 
-def scenario(hours: float, autoscaler: dict, replicas: int = 4) -> dict:
+def seasonal_points(day: float, seed: int) -> list[list[float]]:
+    """Three days of the diurnal curve (mean 8 req/s, amplitude 0.7, trough at each day's start), each
+    day's amplitude scaled by 1 +- 10% and its phase moved by +-15 minutes, as [time, rate] each minute."""
+    rng = np.random.default_rng([seed, 20])
+    amp = 0.7 * (1 + rng.uniform(-0.1, 0.1, DAYS))
+    phase = rng.uniform(-900, 900, DAYS)
+    t = np.arange(0, DAYS * day + 1, 60.0)
+    d = np.minimum((t // day).astype(int), DAYS - 1)
+    rate = 8.0 * (1 - amp[d] * np.cos(2 * np.pi * (t - phase[d]) / day))
+    return [[float(a), round(float(b), 4)] for a, b in zip(t, rate)]
+
+
+def spikes_of(workload: str, dur: float) -> list[dict]:
+    """Bursts at 1/4 and 2/3 of the day (none on the seasonal days)."""
+    if workload == "seasonal":
+        return []
+    return [
+        {"at": dur * 0.25, "duration": 300, "factor": 3.0, "ramp": 120},
+        {"at": dur * 0.66, "duration": 300, "factor": 3.0, "ramp": 120},
+    ]
+
+
+def scenario(
+    hours: float, autoscaler: dict, replicas: int = 4, workload: str = "bursty", seed: int = 7
+) -> dict:
     dur = hours * 3600
+    if workload == "seasonal":
+        arrivals = {"piecewise": seasonal_points(dur, seed)}
+        dur *= DAYS
+    else:  # trough at the start, peak half-way
+        arrivals = {"diurnal": {"mean": 8.0, "amplitude": 0.7, "period": dur}}
+    router = {"policy": "least_outstanding"}
+    if workload == "priority":
+        router["flow_control"] = FLOW
     return {
         "name": "policies",
-        "seed": 7,
+        "seed": seed,
         "duration": dur,
         "workload": {
-            "arrivals": {
-                "process": "gamma",
-                "cv": 1.09,
-                # trough at the start, peak half-way; bursts at 1/4 and 2/3 of the run
-                "diurnal": {"mean": 8.0, "amplitude": 0.7, "period": dur},
-                "spikes": [
-                    {"at": dur * 0.25, "duration": 300, "factor": 3.0, "ramp": 120},
-                    {"at": dur * 0.66, "duration": 300, "factor": 3.0, "ramp": 120},
-                ],
-            },
+            "arrivals": {"process": "gamma", "cv": 1.09, **arrivals, "spikes": spikes_of(workload, dur)},
             **LENGTHS,
         },
         "pools": [dict(POOL, replicas=replicas, autoscaler=autoscaler)],
-        "router": {"policy": "least_outstanding"},
+        "router": router,
         "slo": SLO,
         "metrics": {"scrape_interval": 15, "rate_window": 60},
         "output": {"timeline_interval": 30},
@@ -112,7 +163,22 @@ def ia(name: str, policy: dict, polling: int = 15) -> dict:
     }
 
 
-def policies(peak: int) -> dict[str, dict]:
+def ours(workload: str, day: float) -> dict:
+    """The model-based policy on the router's fast signals (+ what the workload lets it use)."""
+    opts = {"burstSlope": "last", "dropOnFall": True, "arrivalsQuery": ROUTER_ARRIVALS}
+    if workload == "seasonal":
+        opts["seasonPeriodSeconds"] = day
+    if workload == "priority":
+        opts.update(
+            queueQuery=ROUTER_QUEUE,
+            batchArrivalsQuery=f'sum(llm_d_epp_request_total{{priority="{BATCH}"}})',
+            batchQueueQuery='sum(llm_d_epp_flow_control_queue_size{priority="batch"})',
+            batchDeadlineSeconds=BATCH_DEADLINE,
+        )
+    return ia("slo-model-fast", {"type": "sloModel", "sloModel": opts}, polling=5)
+
+
+def policies(peak: int, workload: str = "bursty", day: float = 21600.0) -> dict[str, dict]:
     return {
         "static peak": {"fixed": peak},
         "HPA (running requests)": ia(
@@ -152,17 +218,12 @@ def policies(peak: int) -> dict[str, dict]:
             }
         },
         "llm-d ratio law": ia("ratio", {"type": "ratio", "ratio": {}}),
-        "model-based SLO headroom": ia(
+        "model-based SLO headroom (60-s rates)": ia(
             "slo-model",
             {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True}},
             polling=30,
         ),
-        # the same with a wider margin (SLO targets x 0.45): standing headroom, against HPA's
-        "model-based SLO headroom, margin 0.55": ia(
-            "slo-model-wide",
-            {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True, "margin": 0.55}},
-            polling=30,
-        ),
+        "ours (model-based, router signals)": ours(workload, day),
     }
 
 
@@ -212,45 +273,94 @@ def reactive_plan(need: np.ndarray, spikes: list[dict], detect: float, headroom:
     return plan_steps(np.ceil(billed * headroom - 1e-9), extra)
 
 
-def late_requests(res, bursts: list[tuple[float, float]]) -> tuple[int, int]:
-    """Requests that missed either threshold: all of them, and those arriving inside a burst window."""
+def gpu_hours_between(res, since: float, until: float) -> float:
+    """GPU-hours billed in [since, until): replicas provisioning or ready, from the timeline's steps."""
+    tl = res.fleet.timeline
+    total = 0.0
+    for i, r in enumerate(tl):
+        t0 = r["time"]
+        t1 = tl[i + 1]["time"] if i + 1 < len(tl) else until
+        lo, hi = max(t0, since), min(t1, until)
+        if hi > lo:
+            total += (r["ready"] + r["provisioning"]) * (hi - lo)
+    return total / 3600 * GPUS_PER_REPLICA
+
+
+def summarize(name: str, res, wall: float, bursts=(), since: float = 0.0, until: float | None = None) -> dict:
+    """One row: attainment of the requests arriving in [since, until) (by band on a flow-controlled
+    run: interactive only, batch scored on its deadline), their p90s, the GPU-hours of that span."""
     fleet = res.fleet
     req = request_table(fleet)
-    arrived = np.arange(len(req["id"])) < fleet.arrived
+    until = fleet.sc.duration if until is None else until
+    t = req["arrival"]
+    arrived = (np.arange(len(t)) < fleet.arrived) & (t >= since) & (t < until)
+    band = getattr(fleet, "band", None)
+    row = {"policy": name}
+    if band is not None and fleet.flow is not None and len(fleet.flow_bands) > 1:
+        batch = arrived & (band == BATCH)
+        e2e = np.where(req["status"] == 1, req["finish"] - t, np.inf)
+        done = int((batch & (e2e <= BATCH_DEADLINE)).sum())
+        row.update(batch_requests=int(batch.sum()), batch_done_by_deadline=done,
+                   batch_e2e_max=float(np.max(e2e[batch])) if batch.any() else 0.0)
+        arrived &= band == INTERACTIVE
     ok = np.ones(int(arrived.sum()), dtype=bool)
     for slo in fleet.sc.slos:
         ok &= slo_meets(req, slo, arrived)
-    t = req["arrival"][arrived]
-    inside = np.zeros(len(t), dtype=bool)
+    inside = np.zeros(len(ok), dtype=bool)
     for a, b in bursts:
-        inside |= (t >= a) & (t < b)
-    return int((~ok).sum()), int((~ok & inside).sum())
+        inside |= (t[arrived] >= a) & (t[arrived] < b)
+
+    def p90(metric: str) -> float:
+        v = np.where(req["status"][arrived] == 1, req[metric][arrived], np.inf)
+        return float(np.percentile(np.nan_to_num(v, nan=0.0), 90)) if len(v) else float("nan")
+
+    full = until >= fleet.sc.duration and since <= 0
+    row.update(
+        requests=int(arrived.sum()),
+        late=int((~ok).sum()),
+        late_in_bursts=int((~ok & inside).sum()),
+        attainment=float(ok.mean()) if len(ok) else 1.0,
+        window_attainment=window_attainment(req, fleet.sc.slos, arrived),
+        ttft_p90=p90("ttft"),
+        tpot_p90=p90("tpot"),
+        # the summary's over the whole run (replica-hours x the pool's GPUs), else the timeline's span
+        gpu_hours=res.summary["costs"]["gpu_hours"] if full else gpu_hours_between(res, since, until),
+        scale_events=sum(1 for e in fleet.pools[0].scale_events if since <= e[0] < until),
+        wall_s=wall,
+        timeline=[(r["time"], r["ready"] + r["provisioning"], r["arrival_rate"]) for r in fleet.timeline],
+    )
+    return row
 
 
-def summarize(name: str, res, wall: float, bursts: list[tuple[float, float]] = ()) -> dict:
-    s = res.summary
-    late, late_in_bursts = late_requests(res, list(bursts))
-    return {
-        "late": late,
-        "late_in_bursts": late_in_bursts,
-        "policy": name,
-        "attainment": s["slo_attainment_joint"],
-        "window_attainment": s["slo_window_attainment"],
-        "ttft_p90": s["slo"]["ttft"]["value_at_percentile"],
-        "tpot_p90": s["slo"]["tpot"]["value_at_percentile"],
-        "gpu_hours": s["costs"]["gpu_hours"],  # replica-hours x the pool's GPUs a replica
-        "scale_events": s["scale_events"],
-        "wall_s": wall,
-        "timeline": [
-            (r["time"], r["ready"] + r["provisioning"], r["arrival_rate"]) for r in res.fleet.timeline
-        ],
-    }
+def table(rows: list[dict], oracle_gpu_h: float, priority: bool) -> str:
+    head = "| policy | attainment (requests) | attainment (1-min windows) | TTFT p90 (s) | TPOT p90 (ms) | "
+    head += "GPU-hours | x oracle bound | scale events | late requests (in the bursts) |"
+    if priority:
+        head += " batch done by deadline | batch e2e max (min) |"
+    first = f"| oracle lower bound | - | - | - | - | {oracle_gpu_h:.1f} | 1.00 | - | - |"
+    lines = [head, "|" + "---|" * head.count(" |"), first + (" - | - |" if priority else "")]
+    for r in rows:
+        wa = r["window_attainment"]
+        line = (
+            f"| {r['policy']} | {100 * r['attainment']:.2f}% | {'-' if wa is None else f'{100 * wa:.1f}%'} | "
+            f"{r['ttft_p90']:.2f} | {1000 * r['tpot_p90']:.0f} | {r['gpu_hours']:.1f} | "
+            f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} | "
+            f"{r['late']:,} ({r['late_in_bursts']:,}) |"
+        )
+        if priority:
+            n = max(r["batch_requests"], 1)
+            line += f" {100 * r['batch_done_by_deadline'] / n:.2f}% | {r['batch_e2e_max'] / 60:.1f} |"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hours", type=float, default=6.0)
+    ap.add_argument("--workload", choices=WORKLOADS, default="bursty")
+    ap.add_argument("--seed", type=int, default=7, help="the scenario's seed (arrivals, lengths, bands)")
+    ap.add_argument("--hours", type=float, default=6.0, help="the day's length (seasonal: three of them)")
     ap.add_argument("--out", default="out/bench_policies")
+    ap.add_argument("--json", default=None, help="also write the rows here as JSON")
     ap.add_argument("--plot", default=None, help="also save the plot here (e.g. docs/img/policies.png)")
     ap.add_argument(
         "--bounds",
@@ -258,7 +368,9 @@ def main() -> None:
         help="also simulate the reactive bound and standing-headroom rows (about 3 more minutes)",
     )
     ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 1.75, 2.0])
+    ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
     args = ap.parse_args()
+    wk, day = args.workload, args.hours * 3600
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -267,28 +379,37 @@ def main() -> None:
         f"measured capacity: {cap:.3f} req/s per replica meets TTFT p90 <= {TTFT_SLO} s and TPOT p90 <= "
         f"{TPOT_SLO * 1000:.0f} ms (4 replicas, 15 min, same length mix)"
     )
-    base = load_scenario(scenario(args.hours, {"fixed": 1}))
+
+    def sc(autoscaler: dict, replicas: int = 4) -> dict:
+        return scenario(args.hours, autoscaler, replicas, wk, args.seed)
+
+    base = load_scenario(sc({"fixed": 1}))
     wl = build_workload(base, base.seed)
-    need, billed = oracle(wl.times, args.hours * 3600, cap, STARTUP)
+    duration = base.duration
+    since = day if wk == "seasonal" else 0.0  # seasonal: days 2 and 3 are scored
+    need, billed = oracle(wl.times, duration, cap, STARTUP)
     peak = int(need.max())
-    oracle_gpu_h = billed.sum() / 60 * GPUS_PER_REPLICA
+    oracle_gpu_h = billed[int(since // 60):].sum() / 60 * GPUS_PER_REPLICA
     print(
-        f"workload: {len(wl)} requests over {args.hours:g} h; oracle needs 1..{peak} replicas; "
-        f"oracle lower bound {oracle_gpu_h:.1f} GPU-hours"
+        f"workload {wk} (seed {args.seed}): {len(wl)} requests over {duration / 3600:g} h; oracle needs "
+        f"1..{peak} replicas; oracle lower bound {oracle_gpu_h:.1f} GPU-hours"
+        + (f" on days 2-{DAYS}" if since else "")
     )
 
-    spikes = scenario(args.hours, {"fixed": 1})["workload"]["arrivals"]["spikes"]
+    spikes = spikes_of(wk, day)
     bursts = [(sp["at"], sp["at"] + sp["duration"]) for sp in spikes]
 
-    def schedule_row(name: str, steps: list[dict], bound: bool = False) -> dict:
-        sc = scenario(args.hours, {"schedule": steps, "polling_interval": 5}, replicas=steps[0]["replicas"])
-        res, wall = run(sc, wl)
+    def row(name: str, autoscaler: dict, replicas: int = 4, **extra) -> dict:
+        res, wall = run(sc(copy.deepcopy(autoscaler), replicas), wl)
         print(f"  {name}: done in {wall:.0f} s")
-        return dict(summarize(name, res, wall, bursts), bound=bound)
+        return dict(summarize(name, res, wall, bursts, since), **extra)
+
+    def schedule_row(name: str, steps: list[dict], bound: bool = False) -> dict:
+        return row(name, {"schedule": steps, "polling_interval": 5}, steps[0]["replicas"], bound=bound)
 
     # the oracle's plan, simulated: desired(m - 2) = need(m), so replicas are ready when needed
-    rows = [schedule_row("oracle plan (simulated)", plan_steps(billed))]
-    if args.bounds:
+    rows = [] if args.only else [schedule_row("oracle plan (simulated)", plan_steps(billed))]
+    if args.bounds and spikes:
         # 30 s = the first 15-s scrape after the burst starts, read at the next 15-s poll
         for label, detect in (("at its start", 0.0), ("30 s after its start", 30.0)):
             rows.append(
@@ -299,52 +420,37 @@ def main() -> None:
         for h in args.headroom:
             steps = reactive_plan(need, spikes, 30.0, h)
             rows.append(schedule_row(f"reactive bound (30 s) + standing headroom x{h:g}", steps, True))
-    for name, autoscaler in policies(peak).items():
-        res, wall = run(
-            scenario(args.hours, copy.deepcopy(autoscaler), replicas=4 if name != "static peak" else peak), wl
-        )
-        rows.append(summarize(name, res, wall, bursts))
-        print(f"  {name}: done in {wall:.0f} s")
+    for name, autoscaler in policies(peak, wk, day).items():
+        if args.only and not any(name.startswith(o) for o in args.only):
+            continue
+        rows.append(row(name, autoscaler, 4 if name != "static peak" else peak))
 
     print()
-    header = (
-        "| policy | attainment (requests) | attainment (1-min windows) | TTFT p90 (s) | TPOT p90 (ms) | "
-        "GPU-hours | x oracle bound | scale events | late requests (in the bursts) |"
-    )
-    lines = [
-        header,
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| oracle lower bound | - | - | - | - | {oracle_gpu_h:.1f} | 1.00 | - | - |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['policy']} | {100 * r['attainment']:.2f}% | {100 * r['window_attainment']:.1f}% | "
-            f"{r['ttft_p90']:.2f} | {1000 * r['tpot_p90']:.0f} | {r['gpu_hours']:.1f} | "
-            f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} | "
-            f"{r['late']:,} ({r['late_in_bursts']:,}) |"
-        )
-    table = "\n".join(lines)
-    print(table)
-    (out / "table.md").write_text(table + "\n")
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "capacity_per_replica": cap,
-                "oracle_gpu_hours": oracle_gpu_h,
-                "rows": [{k: v for k, v in r.items() if k != "timeline"} for r in rows],
-            },
-            indent=2,
-        )
-    )
+    text = table(rows, oracle_gpu_h, wk == "priority")
+    print(text)
+    (out / f"table_{wk}.md").write_text(text + "\n")
+    result = {
+        "workload": wk,
+        "seed": args.seed,
+        "hours": args.hours,
+        "scored_from_s": since,
+        "capacity_per_replica": cap,
+        "oracle_gpu_hours": oracle_gpu_h,
+        "rows": [{k: v for k, v in r.items() if k != "timeline"} for r in rows],
+    }
+    for path in [out / f"results_{wk}.json"] + ([Path(args.json)] if args.json else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
     shown = [r for r in rows if not r.get("bound")]
-    plot(shown, need, billed, out / "policies.png")
-    if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(shown, need, billed, Path(args.plot))
-    print(f"\nwrote {out}/table.md, results.json, policies.png")
+    if shown:
+        plot(shown, need, billed, out / f"policies_{wk}.png", wk)
+        if args.plot:
+            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+            plot(shown, need, billed, Path(args.plot), wk)
+    print(f"\nwrote {out}/table_{wk}.md, results_{wk}.json, policies_{wk}.png")
 
 
-def plot(rows, need, billed, path: Path) -> None:
+def plot(rows, need, billed, path: Path, workload: str = "bursty") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -363,7 +469,12 @@ def plot(rows, need, billed, path: Path) -> None:
     ax.set_ylabel("replicas (provisioning + ready)")
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(
-        "Replicas over a 6-hour diurnal day with two 3x bursts (H100 Llama-2-70B TP4, 2-min startup)"
+        {
+            "bursty": "Replicas over a diurnal day with two 3x bursts",
+            "seasonal": f"Replicas over {DAYS} noisy diurnal days (scored on days 2-{DAYS})",
+            "priority": "Replicas over the bursty day, 30% batch behind a gateway queue",
+        }[workload]
+        + " (H100 Llama-2-70B TP4, 2-min startup)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90, metadata={"Software": None})

@@ -14,6 +14,11 @@ instance, model_name, engine), for the PromQL evaluator. Besides the replicas, t
   observed when the request ends). Scraped only when a query or rule reads them, or when the series
   are kept for export: finding the new first tokens walks every running request.
 
+The router's own counters, as the live router exports them, are a third target (job "epp" too),
+scraped every ROUTER_SCRAPE_INTERVAL seconds, faster than the engines, when a query reads them:
+llm_d_epp_request_total{model_name,priority} (arrivals, by priority band) and
+llm_d_epp_flow_control_queue_size{priority,inference_pool} (the gateway queue, by band label).
+
 A replica no longer scraped (gone, failed) gets a staleness marker at the next round. The
 scenario's recording rules run here too, as Prometheus runs them, each group at its interval.
 """
@@ -40,6 +45,8 @@ EPP_TTFT = ("llm_d_epp_request_ttft_seconds", (0.005, 0.025, 0.05, 0.1, 0.2, 0.4
 EPP_TPOT = ("llm_d_epp_request_streaming_tpot_seconds", (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06,
                                                          0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6,
                                                          0.8, 1, 2))
+ROUTER_SCRAPE_INTERVAL = 2.0  # seconds; a fast signal for policies that read the router's arrivals
+ROUTER_NAMES = ("llm_d_epp_request_total", "llm_d_epp_flow_control_queue_size")
 
 
 def replica_target(pool, rep) -> dict[str, str]:
@@ -105,13 +112,60 @@ class Epp:
         return out
 
 
+class RouterCounters:
+    """The router's arrival counter per priority band and its gateway queue size per band."""
+
+    def __init__(self, fleet):
+        bands = fleet.flow_bands if fleet.flow is not None else []
+        self.priorities = [b.priority for b in bands] or [0]
+        self.slot = {p: i for i, p in enumerate(self.priorities)}
+        self.arrivals = np.zeros(len(self.priorities))
+        self.seen = 0  # requests counted so far (in arrival order)
+        model = next((getattr(p.model, "model", "") for p in fleet.pools), "") or "model"
+        target = {"job": "epp", "namespace": NAMESPACE, "pod": "epp-0", "instance": "epp-0:9090"}
+        name = ROUTER_NAMES[0]
+        self.columns = [Column(name[:-6], "counter", labels_of({**target, "__name__": name,
+                                                                "model_name": model, "priority": str(p)}), i)
+                        for i, p in enumerate(self.priorities)]
+        name, k = ROUTER_NAMES[1], len(self.priorities)
+        pool = fleet.pools[0].spec.name
+        self.columns += [Column(name, "gauge", labels_of({**target, "__name__": name, "priority": b.label,
+                                                          "inference_pool": pool}), k + i)
+                         for i, b in enumerate(bands)]
+        self.bands = bands
+
+    def scrape(self, fleet) -> np.ndarray:
+        if fleet.flow is not None:
+            new = fleet.band[self.seen:fleet.arrived]
+            for p, n in zip(*np.unique(new, return_counts=True)):
+                self.arrivals[self.slot[int(p)]] += n
+        else:
+            self.arrivals[0] += fleet.arrived - self.seen
+        self.seen = fleet.arrived
+        queue = [fleet.flow.counts[b.priority] for b in self.bands]
+        return np.concatenate((self.arrivals, np.asarray(queue, dtype=float)))
+
+
+def router_process(fleet, counters: RouterCounters):
+    interval = to_ps(ROUTER_SCRAPE_INTERVAL)
+    while True:
+        t_ms = round(seconds(fleet.env.now) * 1000)
+        fleet.store.targets.scrape("router", t_ms, counters.scrape(fleet), lambda: counters.columns)
+        yield fleet.env.timeout(interval)
+
+
+def reads_router(trees) -> bool:
+    """Whether any query selects the router's arrival counter or gateway queue."""
+    return any(isinstance(n, Selector) and n.name in ROUTER_NAMES for tree in trees for n in walk(tree))
+
+
 def reads_epp(trees) -> bool:
     """Whether any query may select the endpoint picker's series."""
     for tree in trees:
         for node in walk(tree):
             if isinstance(node, Selector):
                 name = node.name
-                if name is None or name.startswith("llm_d_epp_"):
+                if name is None or (name.startswith("llm_d_epp_") and name not in ROUTER_NAMES):
                     return True
     return False
 
@@ -146,12 +200,15 @@ def scrape_process(fleet):
     trees = queries(fleet)
     keep_history(fleet, trees)
     epp = Epp(fleet) if store.keep_all or reads_epp(trees) else None
+    router = reads_router(trees)
+    if router:
+        fleet.env.process(router_process(fleet, RouterCounters(fleet)))
     for group in fleet.sc.rules:
         fleet.env.process(rules_process(fleet, group))
     while True:
         t = seconds(fleet.env.now)
         t_ms = round(t * 1000)
-        up = {"kube-state-metrics"}
+        up = {"kube-state-metrics", "router"} if router else {"kube-state-metrics"}
         for pool in fleet.pools:
             for rep in pool.replicas:
                 if rep.state not in ("ready", "draining"):
