@@ -110,8 +110,8 @@ class Gate:
                 p.future.set_exception(Refused(503, f"the request waited {held.band.ttl:g}s in the gateway "
                                                     f"queue (its TTL) and {why}", "ServiceUnavailableError"))
         self._sizes()
-        self.metrics.saturation.labels(self.metrics.pool, "effective").set(
-            self.detector.saturation(self.pool.routable()))
+        m = self.metrics
+        m.child(m.saturation, m.pool, "effective").set(self.detector.saturation(self.pool.routable()))
 
     @staticmethod
     def _serving(held: Held, room: list[Endpoint]) -> list[Endpoint]:
@@ -158,9 +158,10 @@ class Gate:
 
     def _outcome(self, band: str, outcome: str, p: Pending) -> None:
         m = self.metrics
-        m.flow_requests.labels(outcome, band, m.pool).inc()
-        m.queue_duration.labels(band, outcome, m.pool).observe(max(0.0, self.clock() - p.arrived))
+        m.child(m.flow_requests, outcome, band, m.pool).inc()
+        m.child(m.queue_duration, band, outcome, m.pool).observe(max(0.0, self.clock() - p.arrived))
 
     def _sizes(self) -> None:
+        m = self.metrics
         for label, n in self.queue.sizes().items():
-            self.metrics.queue_size.labels(label, self.metrics.pool).set(n)
+            m.child(m.queue_size, label, m.pool).set(n)

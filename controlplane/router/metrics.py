@@ -63,7 +63,27 @@ class RouterMetrics:
         self.healthy = Gauge("slopilot_router_endpoint_healthy", "1 while the endpoint takes requests",
                              ["endpoint"], registry=r)
 
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric, *labels: str):
+        """metric.labels(*labels), remembered: the per-request label lookups are the hot ones."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def arrived(self, model: str, priority: int) -> None:
+        self.child(self.requests, model, str(priority)).inc()
+
+    def first_byte(self, p, streaming: bool, seconds: float) -> None:
+        self.child(self.ttft, p.model, str(p.priority), "true" if streaming else "false").observe(seconds)
+
+    def answered(self, endpoint: str, code: str) -> None:
+        self.child(self.answers, endpoint, code).inc()
+
     def forget(self, endpoint: str) -> None:
+        self._children = {k: v for k, v in self._children.items() if endpoint not in k[1:]}
         for g in (self.inflight, self.inflight_tokens, self.healthy):
             try:
                 g.remove(endpoint)

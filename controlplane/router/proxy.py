@@ -2,7 +2,8 @@
 
 Before anything reaches the client (a refused connection, a 503, a connection lost before the first
 chunk) the request goes to another endpoint, at most `max_retries` times. Once the first chunk has
-gone out, a lost upstream ends the stream with an OpenAI-style error event and `data: [DONE]`.
+gone out, a lost upstream ends the stream with an OpenAI-style error event and `data: [DONE]`; a
+client gone mid-stream closes the upstream request (the engine aborts the generation).
 
 The upstream client is aiohttp's: httpx's connection pool scans every pooled connection for each
 request (quadratic in the connections open), which at a few hundred concurrent streams cost the
@@ -17,7 +18,6 @@ import time
 from collections.abc import AsyncIterator
 
 import aiohttp
-from starlette.responses import Response, StreamingResponse
 
 from controlplane.router.gate import Gate, Pending, Refused
 
@@ -30,14 +30,17 @@ def error_body(message: str, kind: str, code: int) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-def error_response(status: int, message: str, kind: str) -> Response:
-    return Response(json.dumps(error_body(message, kind, status)), status, media_type="application/json")
+async def respond(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole answer through ASGI `send`."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
-def forward_headers(headers, upstream_key: str | None) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+def forward_headers(headers: dict[str, str], upstream_key: str | None) -> dict[str, str]:
+    """The client's headers (lower-case names) less hop-by-hop ones; the upstream key when given."""
+    out = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
     if upstream_key is not None:
-        out = {k: v for k, v in out.items() if k.lower() != "authorization"}
         out["authorization"] = f"Bearer {upstream_key}"
     return out
 
@@ -76,8 +79,9 @@ async def _open(session: aiohttp.ClientSession, url: str, path: str, body: bytes
 
 
 async def forward(gate: Gate, client: aiohttp.ClientSession, p: Pending, path: str, body: bytes,
-                  headers: dict, streaming: bool) -> Response:
-    """Sends the admitted request (p.endpoint set) and answers the client; releases the endpoint."""
+                  headers: dict, streaming: bool, send, receive) -> None:
+    """Sends the admitted request (p.endpoint set) and answers the client through ASGI `send`;
+    releases the endpoint. Refused (503) when no endpoint could take it."""
     m, pool = gate.metrics, gate.pool
     tried: set[str] = set()
     last = "no endpoint"
@@ -94,7 +98,7 @@ async def forward(gate: Gate, client: aiohttp.ClientSession, p: Pending, path: s
         else:
             if up.status != 503:
                 pool.succeeded(ep)
-                return await _answer(gate, p, up, streaming)
+                return await _answer(gate, p, up, streaming, send, receive)
             up.resp.close()
             pool.failed(ep, "503")
             last, reason = f"{ep.url}: 503", "unavailable"
@@ -105,42 +109,54 @@ async def forward(gate: Gate, client: aiohttp.ClientSession, p: Pending, path: s
     raise Refused(503, f"no endpoint could take the request ({last})", "ServiceUnavailableError")
 
 
-async def _answer(gate: Gate, p: Pending, up: Upstream, streaming: bool) -> Response:
+async def _answer(gate: Gate, p: Pending, up: Upstream, streaming: bool, send, receive) -> None:
     m, ep = gate.metrics, p.endpoint
     status = up.status
-    m.ttft.labels(p.model, str(p.priority), str(streaming).lower()).observe(time.monotonic() - p.arrived)
-    headers = {k: v for k, v in up.resp.headers.items() if k.lower() in PASS_BACK}
+    m.first_byte(p, streaming, time.monotonic() - p.arrived)
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in up.resp.headers.items()
+               if k.lower() in PASS_BACK]
     if not (streaming and status == 200):
         try:
             rest = [up.first] + [c async for c in up.chunks]
         finally:
             up.resp.close()
             gate.release(p)
-        m.answers.labels(ep.url, str(status)).inc()
+        m.answered(ep.url, str(status))
         if status >= 400:
             m.errors.labels(p.model, str(p.priority), str(status)).inc()
-        return Response(b"".join(rest), status, headers=headers)
+        return await respond(send, status, b"".join(rest), headers)
 
-    async def relay() -> AsyncIterator[bytes]:
+    gone = asyncio.ensure_future(_disconnect(receive, up.resp))  # the client leaving ends the stream
+    code = "200"
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": up.first, "more_body": True})
         tail = up.first
-        code = "200"
         try:
-            yield up.first
             async for chunk in up.chunks:
                 if chunk:
                     tail = chunk
-                    yield chunk
-        except UPSTREAM_ERRORS as exc:  # the endpoint went away mid-stream
-            code = "stream_error"
-            gate.pool.failed(ep, f"stream: {type(exc).__name__}")
-            m.errors.labels(p.model, str(p.priority), "stream_error").inc()
-            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
-            err = error_body(f"the endpoint failed mid-stream ({type(exc).__name__})", "APIConnectionError",
-                             502)
-            yield sep + f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
-        finally:
-            m.answers.labels(ep.url, code).inc()
-            up.resp.close()  # a client gone mid-stream closes the upstream too: the engine aborts
-            gate.release(p)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UPSTREAM_ERRORS as exc:
+            if not gone.done():  # the endpoint went away mid-stream (not the client)
+                code = "stream_error"
+                gate.pool.failed(ep, f"stream: {type(exc).__name__}")
+                m.errors.labels(p.model, str(p.priority), "stream_error").inc()
+                sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+                why = f"the endpoint failed mid-stream ({type(exc).__name__})"
+                err = error_body(why, "APIConnectionError", 502)
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": sep + f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        gone.cancel()
+        m.answered(ep.url, code)
+        up.resp.close()
+        gate.release(p)
 
-    return StreamingResponse(relay(), status, headers=headers, media_type=headers.get("content-type"))
+
+async def _disconnect(receive, resp: aiohttp.ClientResponse) -> None:
+    """Waits for the client to disconnect, then closes the upstream response."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    resp.close()

@@ -11,13 +11,13 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
 
 from controlplane.prometheus_server import free_port
+from controlplane.router.app import RouterApp
 
 
 class RouterServer:
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, app: RouterApp, host: str = "127.0.0.1", port: int | None = None):
         self.app, self.host, self.port = app, host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.state = app.state.router
