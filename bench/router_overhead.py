@@ -5,15 +5,18 @@ config: queue, KV and prefix scorers, 100 ms metric refresh) in its own, and one
 sending Poisson arrivals at each rate; every arrival goes at random to the router or straight to an
 engine (round robin), so both paths see the same engine load at the same moments. Prints, per
 rate, TTFT p50/p99 of each path and their difference (what the router adds), and the router
-process's CPU seconds per routed request (its /proc counters, the 100 ms scrapes included).
+process's CPU seconds per routed request (its /proc counters, the 100 ms scrapes included), and the
+1-minute load average at the end of each run. With --repeats N every rate runs N times, interleaved,
+and a summary gives each column's median ("added" is the median of the runs' differences).
 
-    .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--engines 2]
+    .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import socket
 import subprocess
@@ -92,10 +95,42 @@ async def run_rate(router: str, engines: list[str], rate: float, duration: float
                                                                             "lag": lag}
 
 
+def http_stack() -> str:
+    """The event loop and HTTP parser uvicorn's "auto" picks in the spawned processes (same env)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop} + {http}"
+
+
+def measure(router: str, engines: list[str], rproc: subprocess.Popen, rate: float, duration: float,
+            seed: int) -> dict:
+    cpu0 = cpu_seconds(rproc.pid)
+    r = asyncio.run(run_rate(router, engines, rate, duration, seed))
+    cpu = cpu_seconds(rproc.pid) - cpu0
+    d, t = np.array(r["direct"]) * 1000, np.array(r["routed"]) * 1000
+    p50 = (np.percentile(d, 50), np.percentile(t, 50))
+    p99 = (np.percentile(d, 99), np.percentile(t, 99))
+    return {"sent": r["sent"], "p50": p50, "p99": p99, "add50": p50[1] - p50[0], "add99": p99[1] - p99[0],
+            "cpu": cpu / max(len(t), 1) * 1000, "lag": r["lag"], "load": os.getloadavg()[0]}
+
+
+def row(rate: float, m: dict) -> str:
+    return (f"{rate:5.0f} | {m['sent']:4d} "
+            f"| {m['p50'][0]:6.2f} / {m['p50'][1]:6.2f} / {m['add50']:+6.2f} ms "
+            f"| {m['p99'][0]:6.2f} / {m['p99'][1]:6.2f} / {m['add99']:+7.2f} ms "
+            f"| {m['cpu']:5.2f} ms | {m['lag']:.2f} s | {m['load']:.1f}")
+
+
+HEADER = ("rate  | sent | TTFT p50 direct / routed / added | TTFT p99 direct / routed / added "
+          "| router CPU/request | client lag | load (1 min)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", type=float, nargs="+", default=[50, 200, 500])
     p.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per rate")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every rate (interleaved); the summary "
+                                                          "takes each column's median")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -110,20 +145,25 @@ def main() -> None:
         rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), [])])
         procs.append(rproc)
         print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid}; streaming, "
-              "4 output tokens")
-        print("rate  | sent | TTFT p50 direct / routed / added | TTFT p99 direct / routed / added "
-              "| router CPU/request | client lag")
-        for rate in args.rates:
-            cpu0 = cpu_seconds(rproc.pid)
-            r = asyncio.run(run_rate(router, engines, rate, args.duration, args.seed))
-            cpu = cpu_seconds(rproc.pid) - cpu0
-            d, t = np.array(r["direct"]) * 1000, np.array(r["routed"]) * 1000
-            p50 = (np.percentile(d, 50), np.percentile(t, 50))
-            p99 = (np.percentile(d, 99), np.percentile(t, 99))
-            print(f"{rate:5.0f} | {r['sent']:4d} "
-                  f"| {p50[0]:6.2f} / {p50[1]:6.2f} / {p50[1] - p50[0]:+6.2f} ms "
-                  f"| {p99[0]:6.2f} / {p99[1]:6.2f} / {p99[1] - p99[0]:+6.2f} ms "
-                  f"| {cpu / max(len(t), 1) * 1000:5.2f} ms | {r['lag']:.2f} s", flush=True)
+              f"4 output tokens; uvicorn on {http_stack()}; {os.cpu_count()} CPUs; "
+              f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(HEADER)
+        runs: dict[float, list[dict]] = {rate: [] for rate in args.rates}
+        for i in range(args.repeats):
+            for rate in args.rates:
+                m = measure(router, engines, rproc, rate, args.duration, args.seed + i)
+                runs[rate].append(m)
+                print(row(rate, m), flush=True)
+        if args.repeats > 1:
+            print(f"median of {args.repeats}:")
+            print(HEADER)
+            for rate, ms in runs.items():
+                keys = ("add50", "add99", "cpu", "lag", "load")
+                med = {k: float(np.median([m[k] for m in ms])) for k in keys}
+                med["sent"] = int(np.median([m["sent"] for m in ms]))
+                med["p50"] = tuple(float(np.median([m["p50"][j] for m in ms])) for j in (0, 1))
+                med["p99"] = tuple(float(np.median([m["p99"][j] for m in ms])) for j in (0, 1))
+                print(row(rate, med))
     finally:
         for proc in procs:
             proc.terminate()

@@ -49,8 +49,8 @@ class RouterState:
         uses_prefix = self.gate.router.uses_prefix
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
-        self.client: httpx.AsyncClient | None = None  # metrics, health, models
-        self.session = None  # the proxy's aiohttp session
+        self.client: httpx.AsyncClient | None = None  # /v1/models
+        self.session = None  # aiohttp: proxied requests, scrapes and health checks (a third of httpx's CPU)
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
 
 
@@ -71,8 +71,8 @@ class RouterApp:
         st.client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
         st.session = upstream_session(cfg.connect_timeout)
         self._stop = asyncio.Event()
-        await st.pool.refresh(st.client)  # know the endpoints before the first request
-        self._task = asyncio.create_task(st.pool.run(st.client, self._stop))
+        await st.pool.refresh(st.session)  # know the endpoints before the first request
+        self._task = asyncio.create_task(st.pool.run(st.session, self._stop))
 
     async def shutdown(self) -> None:
         self._stop.set()

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 
 from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import Endpoint, read_gauges
@@ -36,6 +36,7 @@ class Pool:
         self.endpoints: dict[str, Endpoint] = {}
         self._next_id = 0
         self.on_change: Callable[[], None] = lambda: None  # the gate's pump: capacity may have freed
+        self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout)
 
     # -- membership ------------------------------------------------------------------------------
     def sync(self, urls: list[str]) -> None:
@@ -84,21 +85,22 @@ class Pool:
         log.info("endpoint %s readmitted", ep.url)
 
     # -- the loops -------------------------------------------------------------------------------
-    async def scrape(self, client: httpx.AsyncClient, ep: Endpoint) -> None:
+    async def scrape(self, client: aiohttp.ClientSession, ep: Endpoint) -> None:
         then, t = ep.outstanding, self.clock()
         try:
-            r = await client.get(ep.url + "/metrics", timeout=self.cfg.scrape_timeout)
-            r.raise_for_status()
-        except httpx.ConnectError as exc:
+            async with client.get(ep.url + "/metrics", timeout=self._timeout) as r:
+                r.raise_for_status()
+                text = await r.text()
+        except aiohttp.ClientConnectorError as exc:
             self.failed(ep, f"scrape: {exc!r}", refused=True)
             return
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.failed(ep, f"scrape: {exc!r}")
             return
-        gauges, models = read_gauges(r.text)
+        gauges, models = read_gauges(text)
         ep.scraped(gauges, models, then, t)
 
-    async def refresh(self, client: httpx.AsyncClient) -> None:
+    async def refresh(self, client: aiohttp.ClientSession) -> None:
         """One round: discovery, then a scrape of every endpoint that is not ejected."""
         try:
             self.sync(self.discover())  # must not block: a static list, a fleet's, or a cache
@@ -110,18 +112,19 @@ class Pool:
         self.publish()
         self.on_change()
 
-    async def check_health(self, client: httpx.AsyncClient) -> None:
+    async def check_health(self, client: aiohttp.ClientSession) -> None:
         for ep in [e for e in self.endpoints.values() if not e.healthy]:
             try:
-                r = await client.get(ep.url + "/health", timeout=self.cfg.scrape_timeout)
-            except httpx.HTTPError:
+                async with client.get(ep.url + "/health", timeout=self._timeout) as r:
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
                 continue
-            if r.status_code == 200:
+            if ok:
                 self.readmit(ep)
                 await self.scrape(client, ep)
                 self.on_change()
 
-    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+    async def run(self, client: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         next_health = self.clock()
         while not stop.is_set():
             t0 = self.clock()
