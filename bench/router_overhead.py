@@ -5,8 +5,9 @@ config: queue, KV and prefix scorers, 100 ms metric refresh) in its own, and one
 sending Poisson arrivals at each rate; every arrival goes at random to the router or straight to an
 engine (round robin), so both paths see the same engine load at the same moments. Prints, per
 rate, TTFT p50/p99 of each path and their difference (what the router adds), and the router
-process's CPU seconds per routed request (its /proc counters, the 100 ms scrapes included), and the
-1-minute load average at the end of each run. With --repeats N every rate runs N times, interleaved,
+process's CPU seconds per routed request (its /proc counters, the 100 ms scrapes included), the time
+its threads spent runnable but waiting for a CPU per routed request (schedstat), and the 1-minute
+load average at the end of each run. With --repeats N every rate runs N times, interleaved,
 and a summary gives each column's median ("added" is the median of the runs' differences).
 
     .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--repeats 3]
@@ -53,6 +54,17 @@ def spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{' '.join(args)} did not start")
         time.sleep(0.1)
+
+
+def run_queue_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            pass
+    return total / 1e9
 
 
 def cpu_seconds(pid: int) -> float:
@@ -104,25 +116,27 @@ def http_stack() -> str:
 
 def measure(router: str, engines: list[str], rproc: subprocess.Popen, rate: float, duration: float,
             seed: int) -> dict:
-    cpu0 = cpu_seconds(rproc.pid)
+    cpu0, wait0 = cpu_seconds(rproc.pid), run_queue_seconds(rproc.pid)
     r = asyncio.run(run_rate(router, engines, rate, duration, seed))
     cpu = cpu_seconds(rproc.pid) - cpu0
+    wait = run_queue_seconds(rproc.pid) - wait0
     d, t = np.array(r["direct"]) * 1000, np.array(r["routed"]) * 1000
     p50 = (np.percentile(d, 50), np.percentile(t, 50))
     p99 = (np.percentile(d, 99), np.percentile(t, 99))
     return {"sent": r["sent"], "p50": p50, "p99": p99, "add50": p50[1] - p50[0], "add99": p99[1] - p99[0],
-            "cpu": cpu / max(len(t), 1) * 1000, "lag": r["lag"], "load": os.getloadavg()[0]}
+            "cpu": cpu / max(len(t), 1) * 1000, "wait": wait / max(len(t), 1) * 1000, "lag": r["lag"],
+            "load": os.getloadavg()[0]}
 
 
 def row(rate: float, m: dict) -> str:
     return (f"{rate:5.0f} | {m['sent']:4d} "
             f"| {m['p50'][0]:6.2f} / {m['p50'][1]:6.2f} / {m['add50']:+6.2f} ms "
             f"| {m['p99'][0]:6.2f} / {m['p99'][1]:6.2f} / {m['add99']:+7.2f} ms "
-            f"| {m['cpu']:5.2f} ms | {m['lag']:.2f} s | {m['load']:.1f}")
+            f"| {m['cpu']:5.2f} ms | {m['wait']:6.2f} ms | {m['lag']:.2f} s | {m['load']:.1f}")
 
 
 HEADER = ("rate  | sent | TTFT p50 direct / routed / added | TTFT p99 direct / routed / added "
-          "| router CPU/request | client lag | load (1 min)")
+          "| router CPU/request | router wait for a CPU/request | client lag | load (1 min)")
 
 
 def main() -> None:
@@ -158,7 +172,7 @@ def main() -> None:
             print(f"median of {args.repeats}:")
             print(HEADER)
             for rate, ms in runs.items():
-                keys = ("add50", "add99", "cpu", "lag", "load")
+                keys = ("add50", "add99", "cpu", "wait", "lag", "load")
                 med = {k: float(np.median([m[k] for m in ms])) for k in keys}
                 med["sent"] = int(np.median([m["sent"] for m in ms]))
                 med["p50"] = tuple(float(np.median([m["p50"][j] for m in ms])) for j in (0, 1))
