@@ -102,10 +102,6 @@ def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = Non
     async def validation_error(request: Request, exc: RequestValidationError):
         return JSONResponse(_validation_body(exc.errors()), 400)
 
-    @app.get("/health")
-    async def health():
-        return Response(status_code=200 if state.not_ready() is None else 503)
-
     @app.get("/version")
     async def get_version():
         return {"version": version()}

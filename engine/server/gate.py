@@ -1,7 +1,10 @@
 """What every request passes before routing (pure ASGI, so streaming is untouched): the API key
 (401), the loading / dead-engine check (503), the body-size limit (413) and the cap on requests in
 flight (429). The cap refuses a request before its body is read, so a flood of clients costs a few
-objects each: the memory held and the garbage collector's pauses stay bounded."""
+objects each: the memory held and the garbage collector's pauses stay bounded.
+
+GET /health is answered here too, from the same readiness check: no routing, no response object,
+so a liveness probe costs the event loop a few microseconds however busy the app is."""
 
 from __future__ import annotations
 
@@ -10,6 +13,11 @@ import json
 from collections.abc import Callable
 
 from engine.server.protocol import APIError
+
+
+async def send_empty(send, status: int) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def send_error(send, error: APIError) -> None:
@@ -51,6 +59,9 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        if path == "/health" and scope["method"] in ("GET", "HEAD"):
+            await send_empty(send, 200 if self.ready() is None else 503)
+            return
         api = path.startswith("/v1")
         if self.key is not None and (api or (self.protect_metrics and path == "/metrics")) \
                 and not self._authorized(scope):
