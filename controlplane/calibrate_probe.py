@@ -25,7 +25,7 @@ from simulator.latency.probe_fit import Probe, Stream
 
 TOKEN_IDS = (32, 127)  # random prompt ids: printable ASCII in byte-level vocabularies
 DECODE_TOKENS = 32  # tokens each batch stream generates
-IDLE_TOKENS = 6
+IDLE_TOKENS = 12  # a lone stream's decode pace is a line through this many points
 IDLE_REPEAT = 3
 NEWCOMERS = 3  # single-step prefills injected into each batch
 NEWCOMER_AFTER = 6  # batch tokens seen before the first newcomer is sent (and between newcomers)
@@ -134,10 +134,13 @@ async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[
 class Prober:
     def __init__(self, url: str, model: str, seed: int = 0):
         self.url, self.model = url.rstrip("/"), model
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed)  # the plan: lengths and their jitter
+        # prompt contents differ from run to run: a second calibration of the same server must not
+        # find the first one's prompts in its prefix cache
+        self.words = np.random.default_rng()
 
     def _prompt(self, n: int) -> list[int]:
-        return [int(t) for t in self.rng.integers(*TOKEN_IDS, n)]
+        return [int(t) for t in self.words.integers(*TOKEN_IDS, n)]
 
     async def run(self, client: httpx.AsyncClient, spec: Spec) -> Probe:
         if spec.kind == "idle":

@@ -16,13 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import linprog
 
 from engine.core.profile_csv import MIXED_COLUMNS, PROFILE_COLUMNS
 from simulator.latency.fit import calibrate, fit
 from simulator.latency.model import LatencyModel
 from simulator.latency.profile import Profile, parse_rows
 
-SEGMENT = 8  # decode steps whose pace makes one row
+FLOOR = 0.5  # of the median single-sequence decode step: the fastest believable step
+MIN_POINTS = 5  # lockstep points a probe needs beyond one for each join
 ALIGN = 0.35  # a chunk belongs to a step when within this fraction of a step of the step's end
 COLUMNS = list(PROFILE_COLUMNS) + list(MIXED_COLUMNS) + ["probe"]
 
@@ -82,22 +84,27 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.median((y[j] - y[i])[ok] / (x[j] - x[i])[ok])) if ok.any() else float("nan")
 
 
-def _mixed_ms(ends: np.ndarray, tokens: np.ndarray, mixed: set[int], j: int, half: int = 6) -> float | None:
-    """Step j's time: the decode pace on either side of it (robust slopes of the step end times over
-    the lead stream's token count, as a chunk may carry several tokens) plus the jump of the end
-    times at j (median offsets after less before), so no single late chunk decides it."""
-    lo = max([k for k in mixed if k < j] + [max(0, j - half - 1)])
-    hi = min([k - 1 for k in mixed if k > j] + [min(len(ends) - 1, j + half)])
-    before, after = np.arange(lo, j), np.arange(j, hi + 1)
-    if len(before) < 3 or len(after) < 3:
-        return None
-    pace = float(np.median([_slope(tokens[before], ends[before]), _slope(tokens[after], ends[after])]))
-    jump = np.median(ends[after] - pace * tokens[after]) - np.median(ends[before] - pace * tokens[before])
-    return 1000 * (pace + jump)
+def _step_fit(ends: np.ndarray, tokens: np.ndarray, joins: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The lockstep window as a curve with a step at each join: ends ~ a + p tokens + q tokens^2 +
+    jump_k after join k (the square: a decode step grows with the KV it reads), fitted by least
+    absolute deviations (a median, not a mean: late chunks of a busy server or client pull little),
+    every point informing the pace. A chunk may carry several tokens, so the lead stream's token
+    count, not the chunk index, is the x axis. Returns the pace at each point and the jumps."""
+    idx = np.arange(len(ends))
+    t = tokens - tokens[0]
+    x = np.column_stack([np.ones(len(ends)), t, t ** 2] + [(idx >= j).astype(float) for j in joins])
+    n, k = x.shape
+    y = ends - ends[0]  # times of order one step, not seconds since boot
+    # min sum(u + v) with x p + u - v = y, u, v >= 0, p free
+    cost = np.concatenate([np.zeros(k), np.ones(2 * n)])
+    lp = linprog(cost, A_eq=np.hstack([x, np.eye(n), -np.eye(n)]), b_eq=y,
+                 bounds=[(None, None)] * k + [(0, None)] * (2 * n), method="highs")
+    p = lp.x[:k] if lp.success else np.linalg.lstsq(x, y, rcond=None)[0]
+    return p[1] + 2 * p[2] * t, p[3:]
 
 
 def batch_rows(probe: Probe) -> list[dict]:
-    """Decode rows (segments of lockstep steps) and mixed rows (the steps newcomers joined)."""
+    """One decode row (the pace of the lockstep window) and mixed rows (the steps newcomers joined)."""
     ends, counts = _lockstep(probe.streams)
     if len(ends) < 2:
         return []
@@ -113,25 +120,16 @@ def batch_rows(probe: Probe) -> list[dict]:
         j = int(np.argmin(np.abs(ends - nc.times[0])))
         if j >= 1 and abs(ends[j] - nc.times[0]) <= ALIGN * typical:
             mixed[j] = nc.prompt_tokens
-    rows = []
     lead = counts[0].astype(float)
-    for j, p in mixed.items():
-        ms = _mixed_ms(ends, lead, set(mixed), j)
-        if ms is not None:
-            rows.append(_row("mixed", p, p, 1, b, ctx[j], ms, "batch"))
-    segments: list[list[int]] = []  # runs of decode-only steps, cut into SEGMENT-step pieces
-    for j in range(1, len(ends)):
-        if j in mixed:
-            continue
-        if not segments or j != segments[-1][-1] + 1 or len(segments[-1]) == SEGMENT:
-            segments.append([])
-        segments[-1].append(j)
-    for seg in segments:
-        points = np.arange(seg[0] - 1, seg[-1] + 1)
-        tokens = lead[points]
-        if len(points) >= 3 and tokens[-1] > tokens[0]:
-            ms = 1000 * _slope(tokens, ends[points])
-            rows.append(_row("decode", 0, 0, 0, b, float(np.mean(ctx[seg])), ms, "batch"))
+    joins = sorted(mixed)
+    if len(ends) < len(joins) + MIN_POINTS or lead[-1] - lead[0] < MIN_POINTS:
+        return []
+    pace, jumps = _step_fit(ends, lead, joins)
+    decode = [j for j in range(1, len(ends)) if j not in mixed]
+    mid = decode[len(decode) // 2]
+    rows = [_row("decode", 0, 0, 0, b, float(ctx[mid]), 1000 * pace[mid], "batch")]
+    for j, jump in zip(joins, jumps):
+        rows.append(_row("mixed", mixed[j], mixed[j], 1, b, ctx[j], 1000 * (pace[j] + jump), "batch"))
     return rows
 
 
@@ -146,7 +144,8 @@ def idle_rows(probe: Probe) -> tuple[list[dict], list[tuple[int, float]]]:
         if tokens > 0:
             # the step giving token g + 1 attends over prompt + g; g runs over counts[0] .. total - 1
             g = np.arange(s.counts[0], s.counts[0] + tokens)
-            ms = 1000 * _slope(np.cumsum(s.counts).astype(float), np.asarray(s.times))
+            pace, _ = _step_fit(np.asarray(s.times), np.cumsum(s.counts).astype(float), [])
+            ms = 1000 * float(np.mean(pace))
             rows.append(_row("decode", 0, 0, 0, 1, s.prompt_tokens + float(g.mean()), ms, "idle"))
     return rows, ttfts
 
@@ -179,8 +178,12 @@ def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float 
             r, t = idle_rows(p)
             rows += r
             ttfts += t
-    # a step whose estimate is not positive was lost in the client's or the server's jitter
-    rows = [r for r in rows if np.isfinite(r["latency_ms"]) and r["latency_ms"] > 0]
+    rows = [r for r in rows if np.isfinite(r["latency_ms"])]
+    # no step is much faster than one sequence's decode step: a row far below it (or not positive)
+    # timed a burst of chunks that a stalled client or front end delivered at once, not the engine
+    lone = [r["latency_ms"] for r in rows if r["phase"] == "decode" and r["batch_size"] == 1]
+    floor = FLOOR * float(np.median(lone)) if lone else 0.0
+    rows = [r for r in rows if r["latency_ms"] > max(floor, 0.0)]
     if not rows:
         raise ValueError(f"{source}: the probe load gave no usable steps")
     first = fit(_profile(rows, key, source))
