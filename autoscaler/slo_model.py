@@ -263,11 +263,14 @@ class SloModelPolicy(Policy):
         if self.profile is not None and "profile" in state:
             self.profile.load_state_dict(state["profile"])
 
-    def fast_rates(self, obs: Observation) -> tuple[float, float] | None:
-        """(rate now, batch mean rate) from the router's counters; None when the counter is not there.
+    def fast_rates(self, obs: Observation) -> tuple[float, float, float] | None:
+        """(rate now, level, batch mean rate) from the router's counters; None without the counter.
 
         The rate now is the counter's rise over the last fast_window seconds (interactive only when a
-        batch counter is read); the batch rate is its rise over the whole forecast window."""
+        batch counter is read): the burst test's input. The level, what is provisioned when no burst is
+        seen, is its rise over trend_window: as smooth as a 60-s rate but not 15 s old, since read every
+        poll, the noisy short rate would set the scale-down window's maximum. The batch rate is the batch
+        counter's rise over the whole forecast window."""
         total = obs.metrics.get("arrivals")
         batch = obs.metrics.get("batch_arrivals") if self.batch else 0.0
         if total is None or batch is None or math.isnan(total) or math.isnan(batch):
@@ -277,14 +280,19 @@ class SloModelPolicy(Policy):
             self.counts = []  # a counter reset (the router restarted)
         self.counts.append([now, total, batch])
         self.counts = [c for c in self.counts if c[0] >= now - self.forecast_window - 1e-9]
-        older = [c for c in self.counts if c[0] <= now - self.fast_window + 1e-9]
-        if not older:
+
+        def rise(window: float) -> float | None:
+            older = [c for c in self.counts if c[0] <= now - window + 1e-9]
+            if not older:
+                return None
+            t0, c0, b0 = older[-1]
+            return max(((total - batch) - (c0 - b0)) / (now - t0), 0.0)
+
+        rate, level = rise(self.fast_window), rise(self.trend_window)
+        if rate is None:
             return None
-        t0, c0, b0 = older[-1]
-        rate = ((total - batch) - (c0 - b0)) / (now - t0)
         ts, _, bs = self.counts[0]
-        batch_rate = (batch - bs) / (now - ts) if now > ts else 0.0
-        return max(rate, 0.0), max(batch_rate, 0.0)
+        return rate, rate if level is None else level, max((batch - bs) / (now - ts), 0.0)
 
     def demand(self, obs: Observation) -> float:
         """The arrival rate to provision for: now, or forecast at now + startup delay, plus backlog drain.
@@ -296,13 +304,17 @@ class SloModelPolicy(Policy):
         average and lags the true one."""
         now, rate = obs.time, obs.arrival_rate or 0.0
         fast = self.fast_rates(obs) if self.fast else None
-        batch_rate = 0.0
+        level, batch_rate = rate, 0.0
         if fast is not None:
-            rate, batch_rate = fast
+            rate, level, batch_rate = fast
         self.rates.append([now, rate])
         self.rates = [r for r in self.rates if r[0] > now - self.forecast_window]
         at = now + self.startup_delay + self.polling_interval
         ahead = linear_forecast(self.rates, now + self.startup_delay) or 0.0
+        # on fast signals, a trend of less than a short window's samples has no noise estimate yet
+        settled = fast is None or self.rates[0][0] <= now - self.trend_window
+        if not settled:
+            ahead = level
         if self.profile is not None:
             self.profile.observe(now, rate)
             seasonal = self.profile.forecast(now, linear_forecast(self.rates, now) or rate, at)
@@ -319,7 +331,7 @@ class SloModelPolicy(Policy):
             if t1 > t0:
                 burst = max(burst, r1 + (r1 - r0) / (t1 - t0) * (at - t1))
         past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
-        base = linear_forecast(past, now)
+        base = linear_forecast(past, now) if settled else None
         if (
             burst > rate * (1.0 + self.burst_rise)
             and base is not None
@@ -329,8 +341,8 @@ class SloModelPolicy(Policy):
         elif self.drop_on_fall and base is not None and rate < base and len(short) >= 3:
             falling = (linear_forecast(short, now + 1.0) or 0.0) < (linear_forecast(short, now) or 0.0)
             if falling:  # a burst's tail: the long trend still points up, the load is going down
-                ahead = min(ahead, rate)
-        rate = max(rate, ahead)
+                ahead = min(ahead, level)
+        rate = max(level, ahead)
         queue = obs.metrics.get("queue") if self.fast else None
         waiting = (obs.num_waiting or 0.0) + (queue if queue is not None and not math.isnan(queue) else 0.0)
         if self.batch:

@@ -369,6 +369,8 @@ def main() -> None:
     )
     ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 1.75, 2.0])
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
+    ap.add_argument("--merge", default=None,
+                    help="with --only: the other rows from this earlier --json output (same workload, seed)")
     args = ap.parse_args()
     wk, day = args.workload, args.hours * 3600
     out = Path(args.out)
@@ -408,8 +410,11 @@ def main() -> None:
         return row(name, {"schedule": steps, "polling_interval": 5}, steps[0]["replicas"], bound=bound)
 
     # the oracle's plan, simulated: desired(m - 2) = need(m), so replicas are ready when needed
-    rows = [] if args.only else [schedule_row("oracle plan (simulated)", plan_steps(billed))]
-    if args.bounds and spikes:
+    def wanted(name: str) -> bool:
+        return not args.only or any(name.startswith(o) for o in args.only)
+
+    rows = [schedule_row("oracle plan (simulated)", plan_steps(billed))] if wanted("oracle plan") else []
+    if args.bounds and spikes and wanted("reactive bound"):
         # 30 s = the first 15-s scrape after the burst starts, read at the next 15-s poll
         for label, detect in (("at its start", 0.0), ("30 s after its start", 30.0)):
             rows.append(
@@ -421,10 +426,16 @@ def main() -> None:
             steps = reactive_plan(need, spikes, 30.0, h)
             rows.append(schedule_row(f"reactive bound (30 s) + standing headroom x{h:g}", steps, True))
     for name, autoscaler in policies(peak, wk, day).items():
-        if args.only and not any(name.startswith(o) for o in args.only):
+        if not wanted(name):
             continue
         rows.append(row(name, autoscaler, 4 if name != "static peak" else peak))
 
+    if args.merge:
+        old = json.loads(Path(args.merge).read_text())
+        if (old["workload"], old["seed"], old["hours"]) != (wk, args.seed, args.hours):
+            raise SystemExit(f"--merge {args.merge}: another workload, seed or day length")
+        ran = {r["policy"] for r in rows}
+        rows = [dict(r, timeline=[]) for r in old["rows"] if r["policy"] not in ran] + rows
     print()
     text = table(rows, oracle_gpu_h, wk == "priority")
     print(text)
@@ -441,7 +452,7 @@ def main() -> None:
     for path in [out / f"results_{wk}.json"] + ([Path(args.json)] if args.json else []):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))
-    shown = [r for r in rows if not r.get("bound")]
+    shown = [r for r in rows if not r.get("bound") and r["timeline"]]
     if shown:
         plot(shown, need, billed, out / f"policies_{wk}.png", wk)
         if args.plot:
