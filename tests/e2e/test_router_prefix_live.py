@@ -95,6 +95,20 @@ def arrivals(rows: list[dict], speedup: float) -> np.ndarray:
     return (t - t[0]) / speedup
 
 
+def single_cache_bound(ids: list[list[int]]) -> float:
+    """The hit rate of one unbounded cache seeing every request: no routing over separate caches
+    can do better."""
+    seen: set[tuple] = set()
+    hits = queries = 0
+    for x in ids:
+        blocks = [tuple(x[:k + BLOCK]) for k in range(0, len(x) - BLOCK + 1, BLOCK)]  # chained: the prefix
+        n = next((i for i, b in enumerate(blocks) if b not in seen), len(blocks))
+        hits += n * BLOCK
+        queries += len(x)
+        seen.update(blocks)
+    return hits / queries
+
+
 def cache_counters(urls: list[str]) -> tuple[float, float]:
     """(hit tokens, queried tokens) summed over the engines' /metrics."""
     hits = queries = 0.0
@@ -176,6 +190,7 @@ def check_prefix_affinity(n: int, speedup: float, *engine: str) -> dict:
     res["sim_round_robin"] = simulated_hit_rate({"policy": "round_robin"}, ids_rr, max_tokens, times)
     res["sim_affinity"] = simulated_hit_rate({"policy": "weighted", "weights": WEIGHTS}, ids_aff, max_tokens,
                                              times)
+    res["bound"] = single_cache_bound(ids_aff)
     print(f"{n} requests over {times[-1]:.1f} s, prefix-cache hit rate: "
           + ", ".join(f"{k} {v:.1%}" for k, v in res.items()))
     return res
@@ -190,9 +205,14 @@ def test_prefix_affinity_live_matches_the_simulator():
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
 
 
-@pytest.mark.slow  # about N minutes on two shared cores
+@pytest.mark.slow  # about 2.5 minutes on two shared cores
 def test_prefix_affinity_live_doubles_round_robin():
+    # the trace's first 1000 requests: even one cache holding everything hits 21% of prompt tokens
+    # (the bound), and round robin gets about half of that (the system-prompt block hits on every
+    # engine, a conversation's next turn lands where its last one did one time in three); affinity
+    # gets near the bound, so the ratio sits at about 2x, the most any routing can reach here
     res = check_prefix_affinity(1000, 12, "--model", "tiny")
-    assert res["affinity"] >= 2 * res["round_robin"]
+    assert res["affinity"] >= 0.85 * res["bound"]
+    assert res["affinity"] >= 1.8 * res["round_robin"]
     assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
