@@ -3,9 +3,12 @@
 Requests follow the Azure LLM conversation trace's (prompt, output) mix, scaled down to the model's
 context. transformers runs them as a user of `generate` would: static batches (left-padded) that
 each run until their longest request is done; we run continuous batching. Prints tokens/s and
-ratios; medians over --repeats runs.
+ratios; medians over --repeats runs. When the vLLM environment exists (`make vllm`), real vLLM runs
+the same model directory and requests in the same run (offline `vllm.LLM` with the same
+max_num_seqs and token budget, in its own environment as a subprocess: bench/vllm_throughput.py),
+and ours / vLLM is printed too.
 
-    .venv/bin/python bench/engine_throughput.py [--requests 256] [--repeats 3]
+    .venv/bin/python bench/engine_throughput.py [--requests 256] [--repeats 3] [--no-vllm]
 
 With --backends torch,cpu it instead runs our engine alone on the three engine-speed workloads
 (64 prompts x 100 tokens -> 32, 256 x 100 -> 128, 256 Azure-conversation requests / 8), once per
@@ -16,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import LLM, SamplingParams  # noqa: E402
 
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
              rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.05)
@@ -164,6 +170,23 @@ def compare_backends(backends: list[str], dtypes: list[str], repeats: int, seed:
             print(f"  {name:15s} {dtype:9s} {cells}{ratio}")
 
 
+def run_vllm(model_dir: str, prompts, outs, seqs: tuple[int, ...], repeats: int) -> dict[int, list[float]]:
+    """Real vLLM on the same model directory and requests: output tokens/s per max_num_seqs."""
+    cache = ROOT / "build" / "vllm-cache"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
+               TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    spec = {"model": model_dir, "prompts": prompts, "outputs": list(outs), "max_num_seqs": list(seqs),
+            "repeats": repeats, "max_num_batched_tokens": 2048,
+            "max_model_len": MODEL["max_position_embeddings"]}
+    path = Path(model_dir) / "vllm-spec.json"
+    path.write_text(json.dumps(spec))
+    done = subprocess.run([str(VLLM_PY), str(ROOT / "bench" / "vllm_throughput.py"), str(path)], env=env,
+                          cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
 def run_hf(model, prompts, outs, batch: int) -> float:
     t = time.perf_counter()
     with torch.inference_mode():
@@ -183,6 +206,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM row even when .venv-vllm exists")
     ap.add_argument("--backends", help="compare attention backends instead (e.g. torch,cpu) on the three "
                                        "engine workloads (64x100->32, 256x100->128, azure/8 x256)")
     ap.add_argument("--dtypes", default="float32", help="with --backends: e.g. float32,bfloat16")
@@ -219,13 +243,22 @@ def main() -> None:
             for b in (16, 64):
                 results.setdefault(f"hf_batch{b}", []).append(run_hf(hf, prompts, outs, b))
                 results.setdefault(f"ours_seqs{b}", []).append(run_ours(d, prompts, outs, b))
-            print(f"  run {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in results.items()))
+            print(f"  run {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in results.items())
+                  + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+        vllm = not args.no_vllm and VLLM_PY.exists()
+        if vllm:
+            for b, v in run_vllm(d, prompts, outs, (16, 64), args.repeats).items():
+                results[f"vllm_seqs{b}"] = v
+        elif not args.no_vllm:
+            print(f"no {VLLM_PY} (`make vllm` builds it): no vLLM row")
     med = {k: statistics.median(v) for k, v in results.items()}
     print("\nmedian output tokens/s")
     for k, v in med.items():
-        print(f"  {k:12s} {v:8.1f}")
+        print(f"  {k:12s} {v:8.1f}   runs: " + ", ".join(f"{x:.0f}" for x in results[k]))
     for b in (16, 64):
         print(f"ratio ours/hf at {b}: {med[f'ours_seqs{b}'] / med[f'hf_batch{b}']:.2f}x")
+        if vllm:
+            print(f"ratio ours/vLLM at {b}: {med[f'ours_seqs{b}'] / med[f'vllm_seqs{b}']:.2f}x")
 
 
 if __name__ == "__main__":
