@@ -53,7 +53,7 @@ def still_serves(url: str) -> None:
 OUT_OF_RANGE = [  # (field, value): outside vLLM's ranges, or valid but not implemented here
     ("temperature", -0.1), ("temperature", 2.01), ("temperature", NAN), ("temperature", INF),
     ("temperature", -INF), ("temperature", "hot"),
-    ("top_p", 0), ("top_p", -0.5), ("top_p", 1.0001), ("top_p", NAN),
+    ("top_p", 0), ("top_p", -0.5), ("top_p", 1.0001), ("top_p", NAN), ("top_p", INF), ("top_p", -INF),
     ("top_k", -2), ("top_k", 2**63), ("top_k", 1.5),
     ("seed", 2**63), ("seed", -(2**63) - 1), ("seed", 2**64), ("seed", 10**30), ("seed", 0.5),
     ("n", 0), ("n", -1), ("n", 2),
@@ -179,11 +179,33 @@ def test_a_row_with_nothing_to_pick_names_its_row(row):
     assert e.value.row == 1
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"temperature": NAN}, "temperature"), ({"temperature": INF}, "temperature"),
+    ({"temperature": -INF}, "temperature"), ({"temperature": -1e-9}, "temperature"),
+    ({"top_p": NAN}, "top_p"), ({"top_p": INF}, "top_p"), ({"top_p": -INF}, "top_p"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"seed": 10**30}, "seed"),
+    ({"top_k": -2}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
+])
+def test_sampling_params_refuse_what_the_api_refuses(fields, message):
+    # the offline API (LLM, LLMEngine.add_request) checks here, where the server checks in its schema
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**fields)
+
+
+@pytest.mark.parametrize("seed", [0, -(2**63), 2**63 - 1, 2**64 - 1])
+def test_sampling_params_take_any_64_bit_seed(seed):
+    assert SamplingParams(seed=seed).seed == seed
+
+
 def test_non_finite_temperature_is_a_sampling_error():
-    # the API refuses these; the sampler still never hands torch.multinomial a NaN
+    # SamplingParams refuses these; the sampler still never hands torch.multinomial a NaN, whatever
+    # reaches it (a caller may change the fields after the checks)
     for t in (NAN, INF):
+        params = SamplingParams()
+        params.temperature = t
         with pytest.raises(SamplingError):
-            sample(torch.zeros(1, 4), [SamplingParams(temperature=t)], [rand()])
+            sample(torch.zeros(1, 4), [params], [rand()])
 
 
 @pytest.mark.parametrize("top_p", [1e-300, 1e-8, 0.5])
