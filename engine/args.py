@@ -56,17 +56,23 @@ def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
                    help="KV pool size (default: --max-num-seqs requests of up to "
                    f"{DEFAULT_KV_TOKENS_PER_SEQ} tokens)")
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    g.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output")
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                   help="longest prompt + output (default: the model's limit)")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="turn off prefix caching (on by default)")
     g.add_argument("--no-chunked-prefill", "--no-enable-chunked-prefill", dest="enable_chunked_prefill",
                    action="store_false", help="compute each prompt whole in one step (then "
-                   "--max-num-batched-tokens must be at least the model length)")
-    g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
-    g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--device", default=d.device, help=real_only or None)
-    g.add_argument("--dtype", default=d.dtype, help=real_only or None)
-    g.add_argument("--attention-backend", default=d.attention_backend, help=real_only or None)
-
+                   "--max-num-batched-tokens must be at least the model length; by default prompts are "
+                   "split across steps)")
+    g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"],
+                   help="order of the waiting queue: arrival, or the requests' priority field")
+    g.add_argument("--seed", type=int, default=d.seed,
+                   help="seeds the weights of a preset and the requests that bring no seed")
+    note = f" ({real_only})" if real_only else ""
+    g.add_argument("--device", default=d.device, help=f"torch device{note}")
+    g.add_argument("--dtype", default=d.dtype, help=f"weights' and activations' dtype{note}")
+    g.add_argument("--attention-backend", default=d.attention_backend,
+                   help=f"paged attention kernel: auto picks the fastest built for the device{note}")
 
 def from_cli(args: argparse.Namespace, model: str | None = None) -> EngineArgs:
     """EngineArgs from the flags add_cli_args made (and --model, when the command has one)."""

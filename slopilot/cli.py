@@ -49,7 +49,10 @@ def _available() -> dict[str, str]:
 
 
 def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
+    from engine.server.defaults import version
+
     parser = argparse.ArgumentParser(prog="slopilot", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"slopilot {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in modules.items():
         module = importlib.import_module(module_name)

@@ -20,6 +20,7 @@ from engine.args import EngineArgs, from_cli
 from engine.server import BackgroundServer, build_engine, build_server, defaults
 from engine.server.app import INLINE_TOKENIZE_MAX
 from simulator.latency import load_latency_model
+from slopilot import cli
 from tests.server_helpers import (
     CHAT,
     CMPL,
@@ -280,6 +281,36 @@ def test_version_and_help_show_defaults(capsys):
                      f"(default: {defaults.DRAIN_TIMEOUT_S})", "(default: 127.0.0.1)", "0.0.0.0",
                      "--protect-metrics", "(default: 8000)", "(default: info)"):
         assert expected in text, expected
+
+
+def test_every_serve_and_engine_flag_has_help_and_a_default_shown():
+    parser = serve_parser()
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        shown = " ".join(parser._get_formatter()._format_action(action).split())
+        # shown by the formatter, or worded in the help (a default of None has no value to show)
+        if action.dest != "version" and action.default is not None and "default" not in action.help:
+            assert f"(default: {action.default})" in shown, shown
+    text = " ".join(parser.format_help().split())
+    for expected in ("--max-num-seqs MAX_NUM_SEQS most requests in a batch (default: 64)",
+                     "turn off prefix caching (on by default)", "(default: the model's limit)",
+                     "(real mode only) (default: cpu)"):
+        assert expected in text, expected
+
+
+@pytest.mark.parametrize("argv", [["--version"], *([c, "--help"] for c in sorted(cli._available()))],
+                         ids=lambda argv: " ".join(argv))
+def test_top_level_version_and_each_subcommand_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    if argv == ["--version"]:
+        assert out.strip() == f"slopilot {defaults.version()}"
+    else:
+        assert out.startswith(f"usage: slopilot {argv[0]}") and "-h, --help" in out
 
 
 @pytest.mark.parametrize("argv, message", [
