@@ -140,3 +140,23 @@ def test_fleet_file_asks_for_the_router(tmp_path):
         load_fleet_config({**base, "router": "missing.yaml"})
     with pytest.raises(ValueError, match=r"router.plugins\[0\].type"):
         load_fleet_config({**base, "router": {"kind": "EndpointPickerConfig", "plugins": [{"type": "x"}]}})
+
+
+def test_scrape_query_asks_prometheus_client_for_the_gauges_read():
+    from wsgiref.util import setup_testing_defaults
+
+    from prometheus_client import CollectorRegistry, Gauge, Histogram, make_wsgi_app
+
+    from controlplane.router.endpoints import METRICS_QUERY
+
+    reg = CollectorRegistry()
+    for name, value in [("vllm:num_requests_waiting", 4), ("vllm:num_requests_running", 2),
+                        ("vllm:kv_cache_usage_perc", 0.5)]:
+        Gauge(name, "x", ["model_name"], registry=reg).labels("m1").set(value)
+    Histogram("vllm:time_to_first_token_seconds", "x", ["model_name"], registry=reg).labels("m1").observe(1)
+    environ = {"QUERY_STRING": METRICS_QUERY}
+    setup_testing_defaults(environ)
+    page = b"".join(make_wsgi_app(reg)(environ, lambda status, headers: None)).decode()
+    # the way vLLM serves /metrics: only the requested gauges come back, and they read in full
+    assert "time_to_first_token" not in page
+    assert read_gauges(page) == ({"num_waiting": 4.0, "num_running": 2.0, "kv_usage": 0.5}, {"m1"})

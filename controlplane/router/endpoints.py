@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from controlplane.sources.names import NAMES
 
 GAUGES = {agg: tuple(n for names in NAMES[agg][1].values() for n in names)
           for agg in ("num_waiting", "num_running", "kv_usage")}
 _WANTED = {name: agg for agg, names in GAUGES.items() for name in names}
+# asks for those gauges only: prometheus_client's exposition (vLLM's, SGLang's /metrics) honours
+# name[] and renders a few lines instead of every histogram; a server that ignores it sends it all
+METRICS_QUERY = urlencode([("name[]", n) for n in sorted(_WANTED)])
 
 
 def read_gauges(text: str) -> tuple[dict[str, float], set[str]]:

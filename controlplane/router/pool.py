@@ -17,7 +17,7 @@ from collections.abc import Callable
 import aiohttp
 
 from controlplane.router.config import RouterConfig
-from controlplane.router.endpoints import Endpoint, read_gauges
+from controlplane.router.endpoints import METRICS_QUERY, Endpoint, read_gauges
 from controlplane.router.metrics import RouterMetrics
 from simulator.scorers import routable
 
@@ -88,7 +88,7 @@ class Pool:
     async def scrape(self, client: aiohttp.ClientSession, ep: Endpoint) -> None:
         then, t = ep.outstanding, self.clock()
         try:
-            async with client.get(ep.url + "/metrics", timeout=self._timeout) as r:
+            async with client.get(ep.url + "/metrics?" + METRICS_QUERY, timeout=self._timeout) as r:
                 r.raise_for_status()
                 text = await r.text()
         except aiohttp.ClientConnectorError as exc:
