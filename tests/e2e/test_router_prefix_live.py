@@ -213,6 +213,6 @@ def test_prefix_affinity_live_doubles_round_robin():
     # gets near the bound, so the ratio sits at about 2x, the most any routing can reach here
     res = check_prefix_affinity(1000, 12, "--model", "tiny")
     assert res["affinity"] >= 0.85 * res["bound"]
-    assert res["affinity"] >= 1.8 * res["round_robin"]
+    assert res["affinity"] >= 1.7 * res["round_robin"]  # measured 1.82x and 1.89x
     assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
