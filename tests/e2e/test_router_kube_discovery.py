@@ -13,7 +13,6 @@ from kubernetes import client
 from controlplane.router.discovery import KubernetesEndpoints
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_router_openai import start_router
-from tests.kube.apiserver.kinds import ResourceType
 from tests.kube.helpers import Cluster
 
 LLAMA, OPT = "h100-llama2-70b-tp4", "a100-opt-13b-tp1"  # served as llama2-70b and opt-13b
@@ -22,11 +21,6 @@ LLAMA, OPT = "h100-llama2-70b-tp4", "a100-opt-13b-tp1"  # served as llama2-70b a
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path, install=False)
-    key = ("discovery.k8s.io", "endpointslices")
-    if key not in c.store.types:  # serve EndpointSlices if this stand-in does not yet
-        c.store.types[key] = ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice",
-                                          generation=False)
-        c.store.objects[key] = {}
     try:
         yield c
     finally:

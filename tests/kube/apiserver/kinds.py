@@ -58,6 +58,7 @@ BUILTIN = [
     _t("apps", "v1", "deployments", "Deployment", short=["deploy"], status=True, scale=WORKLOAD_SCALE),
     _t("apps", "v1", "statefulsets", "StatefulSet", short=["sts"], status=True, scale=WORKLOAD_SCALE),
     _t("coordination.k8s.io", "v1", "leases", "Lease", generation=False),
+    _t("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", generation=False),
     _t("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", short=["hpa"],
        status=True),
     _t("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", short=["pdb"], status=True),
