@@ -3,8 +3,9 @@
 Three kinds of measurement (simulator.latency.probe_fit turns them into engine-step rows):
 single requests at idle over a range of prompt lengths (TTFT: one prefill step), batches of B
 streams decoding in lockstep over several batch sizes and context lengths (chunk gaps: decode
-steps), and newcomers injected into those batches (the gap they join: a mixed step). Prompts are
-random token ids, so no prefix cache hit shortens a prefill. The server's /metrics page is read
+steps), and newcomers injected into those batches (the gap they join: a mixed step). Each chunk's
+tokens are counted (a server may merge several into one chunk). Prompts are random token ids, new
+in every run, so no prefix cache hit shortens a prefill. The server's /metrics page is read
 before and after, as a cross-check of what the probe inferred. The plan is walked in an order that
 covers the range coarsely first, repeated with other lengths while the time budget lasts.
 """

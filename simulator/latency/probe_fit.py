@@ -4,9 +4,12 @@ A probe is either one request sent to an idle server (its TTFT is the front end'
 prefill step; its later tokens are decode steps of one sequence) or a batch of streams started
 together that decode in lockstep once every prompt is in, into which single requests ("newcomers",
 one output token) are injected: the gap in the batch's streams that ends with a newcomer's first
-token is one mixed step, its prefill plus the batch's decodes. Gaps between chunks of one stream come
-through the same path, so the front end's latency cancels in them; it is estimated last, as the idle
-TTFT less the fitted prefill step, and the idle prefill rows then join the fit.
+token is one mixed step, its prefill plus the batch's decodes. A batch's chunk times are fitted as
+one curve over the tokens streamed, with a jump at each join (the decode pace and each mixed step
+from every point, not from single gaps: a server may merge tokens into one chunk, and a stalled
+front end or client delivers several steps at once). Gaps between chunks of one stream come through
+the same path, so the front end's latency cancels in them; it is estimated last, as the idle TTFT
+less the fitted prefill step, and the idle prefill rows then join the fit.
 
 Times are the client's clock in seconds; no I/O here (controlplane.calibrate_probe sends the load).
 """
@@ -19,7 +22,7 @@ import numpy as np
 from scipy.optimize import linprog
 
 from engine.core.profile_csv import MIXED_COLUMNS, PROFILE_COLUMNS
-from simulator.latency.fit import calibrate, fit
+from simulator.latency.fit import calibrate, fit, scale_params
 from simulator.latency.model import LatencyModel
 from simulator.latency.profile import Profile, parse_rows
 
@@ -103,17 +106,16 @@ def _step_fit(ends: np.ndarray, tokens: np.ndarray, joins: list[int]) -> tuple[n
     return p[1] + 2 * p[2] * t, p[3:]
 
 
-def batch_rows(probe: Probe) -> list[dict]:
-    """One decode row (the pace of the lockstep window) and mixed rows (the steps newcomers joined)."""
+def _window(probe: Probe) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]] | None:
+    """A batch probe's lockstep window: step end times, the lead stream's token count and the batch's
+    KV (summed) at each, and the steps newcomers joined (index -> prompt tokens); None when short."""
     ends, counts = _lockstep(probe.streams)
     if len(ends) < 2:
-        return []
+        return None
     prompts = np.array([s.prompt_tokens for s in probe.streams])[:, None]
     ctx = (prompts + counts - 1).sum(axis=0)  # KV after each step, summed over the batch
-    b = len(probe.streams)
-    gaps = np.diff(ends)
-    typical = float(np.median(gaps))
-    mixed: dict[int, int] = {}  # step index -> newcomer's prompt tokens
+    typical = float(np.median(np.diff(ends)))
+    mixed: dict[int, int] = {}
     for nc in probe.newcomers:
         if not nc.times:
             continue
@@ -121,9 +123,19 @@ def batch_rows(probe: Probe) -> list[dict]:
         if j >= 1 and abs(ends[j] - nc.times[0]) <= ALIGN * typical:
             mixed[j] = nc.prompt_tokens
     lead = counts[0].astype(float)
-    joins = sorted(mixed)
-    if len(ends) < len(joins) + MIN_POINTS or lead[-1] - lead[0] < MIN_POINTS:
+    if len(ends) < len(mixed) + MIN_POINTS or lead[-1] - lead[0] < MIN_POINTS:
+        return None
+    return ends, lead, ctx, mixed
+
+
+def batch_rows(probe: Probe) -> list[dict]:
+    """One decode row (the pace of the lockstep window) and mixed rows (the steps newcomers joined)."""
+    window = _window(probe)
+    if window is None:
         return []
+    ends, lead, ctx, mixed = window
+    b = len(probe.streams)
+    joins = sorted(mixed)
     pace, jumps = _step_fit(ends, lead, joins)
     decode = [j for j in range(1, len(ends)) if j not in mixed]
     mid = decode[len(decode) // 2]
@@ -131,6 +143,26 @@ def batch_rows(probe: Probe) -> list[dict]:
     for j, jump in zip(joins, jumps):
         rows.append(_row("mixed", mixed[j], mixed[j], 1, b, ctx[j], 1000 * (pace[j] + jump), "batch"))
     return rows
+
+
+def window_scale(model: LatencyModel, probes: list[Probe]) -> float:
+    """Measured over predicted time of every lockstep window (its decode steps and joins added up).
+    The rows follow the typical step; a workload's requests add up the mean one, slow steps of a busy
+    server included, so the model is scaled by this factor (as `calibrate --match-mean` does)."""
+    measured = predicted = 0.0
+    for probe in probes:
+        window = _window(probe) if probe.kind == "batch" else None
+        if window is None:
+            continue
+        ends, lead, ctx, mixed = window
+        b = len(probe.streams)
+        zero = np.zeros(len(ends) - 1)
+        decode = model.step_ms_array(zero, zero, zero + b, ctx[1:])
+        predicted += float(np.sum(np.diff(lead) * decode))
+        for j, p in mixed.items():
+            predicted += model.step_ms(p, p, b, int(ctx[j])) - model.step_ms(0, 0, b, int(ctx[j]))
+        measured += 1000 * float(ends[-1] - ends[0])
+    return measured / predicted if predicted > 0 else 1.0
 
 
 def idle_rows(probe: Probe) -> tuple[list[dict], list[tuple[int, float]]]:
@@ -199,6 +231,9 @@ def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float 
             if step > 0:
                 rows.append(_row("prefill", int(n), int(n), 1, 0, 0, step, "idle"))
     model, heldout, _ = calibrate(_profile(rows, key, source), frac=frac, seed=seed, refit_all=True)
+    scale = window_scale(model, probes)
+    model.params = scale_params(model.params, scale)
+    model.provenance["window_scale"] = scale
     model.provenance["frontend_ms"] = frontend
     model.provenance["frontend_ms_per_prompt_token"] = per_token
     return ProbeFit(model, heldout, rows, frontend, per_token)

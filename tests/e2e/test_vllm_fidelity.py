@@ -10,11 +10,13 @@ deltas into one chunk, so the probe, counting a token per chunk, mismeasures dec
 
 import asyncio
 import json
+import os
 import time
 
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.latency.model import LatencyModel
 from tests.e2e.conftest import VLLM_MODEL, VLLM_SETTINGS
@@ -32,8 +34,27 @@ def workload(n: int, seed: int):
     return arrivals - arrivals[0], rng.integers(64, 193, n), rng.integers(16, 49, n)
 
 
+SERVER_SIDE = {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:inter_token_latency_seconds",
+               "e2e": "vllm:e2e_request_latency_seconds"}
+SUMS = {name + part for name in SERVER_SIDE.values() for part in ("_sum", "_count")}
+
+
+def server_sums(url: str) -> dict[str, float]:
+    """Sum and count of vLLM's own latency histograms (its clock: from the request's arrival at the
+    front end to the engine's outputs, without the client's side of the HTTP path)."""
+    page = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name in SUMS:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
 async def drive(url: str, arrivals, prompt, output, seed: int) -> dict:
-    """Streamed requests at the given offsets; per request: sent, prompt tokens, TTFT, E2E, TPOT."""
+    """Streamed requests at the given offsets; per request: sent, prompt tokens, TTFT, E2E, TPOT;
+    and "stall_ms": how late the client's event loop woke from 5-ms sleeps (p99, max), a measure of
+    how much of the machine the client got."""
     rng = np.random.default_rng(seed)
     prompts = [[int(t) for t in rng.integers(32, 127, p)] for p in prompt]
     n = len(arrivals)
@@ -56,14 +77,25 @@ async def drive(url: str, arrivals, prompt, output, seed: int) -> dict:
                     first[i] = first[i] or now
                     last[i] = now
 
+    late: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            late.append(time.perf_counter() - t - 0.005)
+
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    beat = asyncio.create_task(heartbeat())
     async with httpx.AsyncClient(timeout=300, limits=limits, trust_env=False) as client:
         t0 = time.perf_counter() + 0.5
         await asyncio.gather(*(one(client, i, t0) for i in range(n)))
+    beat.cancel()
     assert (toks == output).all()
     ttft, e2e = first - sent, last - sent
     return {"sent": sent, "prompt": ptoks.astype(int), "ttft": ttft, "e2e": e2e,
-            "tpot": (e2e - ttft) / np.maximum(output - 1, 1)}
+            "tpot": (e2e - ttft) / np.maximum(output - 1, 1),
+            "stall_ms": (1000 * np.percentile(late, 99), 1000 * max(late))}
 
 
 def simulate(real: dict, output, model_path, http_ms: float) -> dict:
@@ -101,8 +133,17 @@ def compare(url: str, tmp_path, n: int, pairs: int) -> dict:
         # read from vllm:cache_config_info (block size, KV blocks, prefix caching) or given
         read = dict(block_size=128, num_kv_blocks=2048, enable_prefix_caching=True, max_model_len=2048)
         assert model.engine_settings == {**read, **VLLM_SETTINGS}, model.engine_settings
+        before = server_sums(url)
         real = asyncio.run(drive(url, arrivals, prompt, output, seed=100 + pair))
+        after = server_sums(url)
         sim = simulate(real, output, path, model.provenance["frontend_ms"])
+        print(f"pair {pair}: load average {os.getloadavg()[0]:.1f}; client event loop late by "
+              f"{real['stall_ms'][0]:.1f} ms p99, {real['stall_ms'][1]:.0f} ms at most")
+        for k, name in SERVER_SIDE.items():
+            d = {part: after[name + part] - before[name + part] for part in ("_sum", "_count")}
+            mean = d["_sum"] / d["_count"]
+            print(f"pair {pair} {k} mean: vLLM's own /metrics {1000 * mean:.2f} ms, client "
+                  f"{1000 * np.mean(real[k]):.2f} ms, sim {1000 * np.mean(sim[k]):.2f} ms")
         for k in ("ttft", "tpot", "e2e"):
             for q in (50, 90):
                 r, s = np.percentile(real[k], q), np.percentile(sim[k], q)
