@@ -165,7 +165,7 @@ def ia(name: str, policy: dict, polling: int = 15) -> dict:
 
 def ours(workload: str, day: float) -> dict:
     """The model-based policy on the router's fast signals (+ what the workload lets it use)."""
-    opts = {"burstSlope": "last", "dropOnFall": True, "arrivalsQuery": ROUTER_ARRIVALS}
+    opts = {"burstSlope": "last", "dropOnFall": True, "margin": 0.1, "arrivalsQuery": ROUTER_ARRIVALS}
     if workload == "seasonal":
         opts["seasonPeriodSeconds"] = day
     if workload == "priority":
