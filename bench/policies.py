@@ -369,8 +369,8 @@ def main() -> None:
     )
     ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 1.75, 2.0])
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
-    ap.add_argument("--merge", default=None,
-                    help="with --only: the other rows from this earlier --json output (same workload, seed)")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="with --only: the other rows of these earlier --json outputs (same workload, seed)")
     args = ap.parse_args()
     wk, day = args.workload, args.hours * 3600
     out = Path(args.out)
@@ -430,10 +430,10 @@ def main() -> None:
             continue
         rows.append(row(name, autoscaler, 4 if name != "static peak" else peak))
 
-    if args.merge:
-        old = json.loads(Path(args.merge).read_text())
+    for path in args.merge:
+        old = json.loads(Path(path).read_text())
         if (old["workload"], old["seed"], old["hours"]) != (wk, args.seed, args.hours):
-            raise SystemExit(f"--merge {args.merge}: another workload, seed or day length")
+            raise SystemExit(f"--merge {path}: another workload, seed or day length")
         ran = {r["policy"] for r in rows}
         rows = [dict(r, timeline=[]) for r in old["rows"] if r["policy"] not in ran] + rows
     print()
