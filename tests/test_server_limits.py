@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from engine.args import EngineArgs, from_cli
+from engine.model.tokenizer import ByteTokenizer
 from engine.server import BackgroundServer, build_engine, build_server, defaults
 from engine.server.app import INLINE_TOKENIZE_MAX
 from simulator.latency import load_latency_model
@@ -121,6 +122,17 @@ def test_burst_beyond_the_queue_bound_gets_429():
 
 
 # -- a huge prompt never stalls /health -------------------------------------------------------------
+@pytest.mark.parametrize("bos, eos, vocab", [(256, 257, 512), (1, 2, 300), (0, 1, 258)])
+@pytest.mark.parametrize("text", ["", "a", "é" * 40_000, "x" * 65_535 + "€" + "y" * 70_000, "😀" * 50_000])
+def test_byte_tokenizer_encodes_long_text_in_chunks_exactly(bos, eos, vocab, text):
+    # encoded a chunk at a time (so a thread tokenizing a huge prompt hands the interpreter over):
+    # characters split across chunks still come out as their bytes, in order
+    tok = ByteTokenizer(bos, eos, vocab)
+    ids = tok.encode(text)
+    assert ids == [bos, *(tok.offset + b for b in text.encode("utf-8"))]
+    assert all(type(i) is int for i in ids) and tok.decode(ids) == text
+
+
 def test_health_stays_responsive_while_huge_prompts_are_tokenized():
     proc, url = start_serve("--emulate", "cpu-tiny")  # a process of its own: only its threads share its GIL
     try:
