@@ -8,7 +8,7 @@ the same model directory and requests in the same run (offline `vllm.LLM` with t
 max_num_seqs and token budget, in its own environment as a subprocess: bench/vllm_throughput.py),
 and ours / vLLM is printed too.
 
-    .venv/bin/python bench/engine_throughput.py [--requests 256] [--repeats 3] [--no-vllm]
+    .venv/bin/python bench/engine_throughput.py [--requests 256] [--repeats 3] [--no-vllm] [--no-hf]
 
 With --backends torch,cpu it instead runs our engine alone on the three engine-speed workloads
 (64 prompts x 100 tokens -> 32, 256 x 100 -> 128, 256 Azure-conversation requests / 8), once per
@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM row even when .venv-vllm exists")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers (ours against vLLM only)")
     ap.add_argument("--backends", help="compare attention backends instead (e.g. torch,cpu) on the three "
                                        "engine workloads (64x100->32, 256x100->128, azure/8 x256)")
     ap.add_argument("--dtypes", default="float32", help="with --backends: e.g. float32,bfloat16")
@@ -241,7 +242,8 @@ def main() -> None:
         hf.save_pretrained(d)
         for r in range(args.repeats):
             for b in (16, 64):
-                results.setdefault(f"hf_batch{b}", []).append(run_hf(hf, prompts, outs, b))
+                if not args.no_hf:
+                    results.setdefault(f"hf_batch{b}", []).append(run_hf(hf, prompts, outs, b))
                 results.setdefault(f"ours_seqs{b}", []).append(run_ours(d, prompts, outs, b))
             print(f"  run {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in results.items())
                   + f"; load {os.getloadavg()[0]:.1f}", flush=True)
@@ -256,7 +258,8 @@ def main() -> None:
     for k, v in med.items():
         print(f"  {k:12s} {v:8.1f}   runs: " + ", ".join(f"{x:.0f}" for x in results[k]))
     for b in (16, 64):
-        print(f"ratio ours/hf at {b}: {med[f'ours_seqs{b}'] / med[f'hf_batch{b}']:.2f}x")
+        if not args.no_hf:
+            print(f"ratio ours/hf at {b}: {med[f'ours_seqs{b}'] / med[f'hf_batch{b}']:.2f}x")
         if vllm:
             print(f"ratio ours/vLLM at {b}: {med[f'ours_seqs{b}'] / med[f'vllm_seqs{b}']:.2f}x")
 
