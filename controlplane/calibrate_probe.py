@@ -83,7 +83,7 @@ def plan(settings: dict, rng: np.random.Generator, round_: int = 0) -> list[Spec
         for prompt in (min(32, long), long):
             fits = [p for p in joins if p + b <= budget] or [max(1, budget - b)]  # a join is one step
             picks = (fits[(NEWCOMERS * i + k) % len(fits)] for k in range(NEWCOMERS))
-            newcomers = tuple(min(jitter(p), budget - b) for p in picks)
+            newcomers = tuple(min(jitter(p), budget - b, longest) for p in picks)
             specs.append(Spec("batch", b, min(jitter(prompt), room), DECODE_TOKENS, newcomers))
     return specs
 
