@@ -249,4 +249,4 @@ def test_plan_requests_fit_the_context(max_model_len):
     settings = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_model_len": max_model_len}
     rng = np.random.default_rng(0)
     specs = [s for r in range(20) for s in plan(settings, rng, r)]  # later rounds jitter every length
-    assert max(max(s.prompt + s.tokens, *(n + 1 for n in s.newcomers)) for s in specs) <= max_model_len
+    assert max(max([s.prompt + s.tokens, *(n + 1 for n in s.newcomers)]) for s in specs) <= max_model_len
