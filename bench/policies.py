@@ -312,7 +312,7 @@ def summarize(name: str, res, wall: float, bursts=(), since: float = 0.0, until:
 
     def p90(metric: str) -> float:
         v = np.where(req["status"][arrived] == 1, req[metric][arrived], np.inf)
-        return float(np.percentile(np.nan_to_num(v, nan=0.0), 90)) if len(v) else float("nan")
+        return float(np.percentile(np.nan_to_num(v, nan=0.0, posinf=np.inf), 90)) if len(v) else float("nan")
 
     full = until >= fleet.sc.duration and since <= 0
     row.update(
@@ -332,6 +332,11 @@ def summarize(name: str, res, wall: float, bursts=(), since: float = 0.0, until:
     return row
 
 
+def seconds(v: float, scale: float = 1.0, fmt: str = ".2f") -> str:
+    """A p90 for the table; unfinished requests count as infinitely late (a saved JSON holds 1.8e308)."""
+    return "inf (unfinished)" if v >= 1e300 else format(v * scale, fmt)
+
+
 def table(rows: list[dict], oracle_gpu_h: float, priority: bool) -> str:
     head = "| policy | attainment (requests) | attainment (1-min windows) | TTFT p90 (s) | TPOT p90 (ms) | "
     head += "GPU-hours | x oracle bound | scale events | late requests (in the bursts) |"
@@ -343,7 +348,7 @@ def table(rows: list[dict], oracle_gpu_h: float, priority: bool) -> str:
         wa = r["window_attainment"]
         line = (
             f"| {r['policy']} | {100 * r['attainment']:.2f}% | {'-' if wa is None else f'{100 * wa:.1f}%'} | "
-            f"{r['ttft_p90']:.2f} | {1000 * r['tpot_p90']:.0f} | {r['gpu_hours']:.1f} | "
+            f"{seconds(r['ttft_p90'])} | {seconds(r['tpot_p90'], 1000, '.0f')} | {r['gpu_hours']:.1f} | "
             f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} | "
             f"{r['late']:,} ({r['late_in_bursts']:,}) |"
         )
