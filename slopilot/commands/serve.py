@@ -61,7 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
     import logging
 
     from engine.args import from_cli
@@ -86,8 +85,4 @@ def run(args: argparse.Namespace) -> int:
                        max_request_bytes=args.max_request_bytes, health_hold=args.health_hold)
     print(f"serving {args.served_model_name or name} on http://{args.host}:{args.port}"
           f"{' (emulated)' if args.emulate else ''}", flush=True)
-    # what exists now (modules, weights, the app) lives as long as the process: out of the collector's
-    # sight, a full collection under load walks only the requests' objects, short enough for /health
-    gc.collect()
-    gc.freeze()
     return serve(app, args.host, args.port, args.drain_timeout, args.log_level)
