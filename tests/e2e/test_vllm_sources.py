@@ -116,6 +116,8 @@ def test_sources_read_live_vllm(vllm_server, prometheus):
                  "vllm:inter_token_latency_seconds_bucket"):
         assert name in names, f"{name} is not on vLLM's page"
 
+    tpot_edges = sorted({float(labels["le"]) for name, labels, _ in parse_page(page, "vllm", "vllm")
+                         if name == "vllm:request_time_per_output_token_seconds_bucket"})
     recent = np.array([d for d in load.done if now - WINDOW <= d[0] <= now])
     ttft, tpot = float(np.median(recent[:, 1])), float(np.median(recent[:, 2]))
     for name, o in obs.items():
@@ -133,9 +135,10 @@ def test_sources_read_live_vllm(vllm_server, prometheus):
         assert set(o.ttft_p) == set(o.tpot_p) == set(o.itl_p) == {50, 90, 99}, report
         # the server times from arrival, the client adds the HTTP path both ways
         assert 0.25 * ttft <= o.ttft_p[50] <= 1.25 * ttft, report
-        # the server's own histogram, interpolated in vLLM's coarse buckets (the first ends at 10 ms),
-        # and without the HTTP delivery the client also counts: the same magnitude, never above it
-        assert 0.25 * tpot <= o.tpot_p[50] <= 1.3 * tpot, report
+        # the server's own histogram, interpolated in vLLM's coarse buckets (10 ms, 25 ms, ...): a quantile
+        # can land anywhere in the bucket that holds it, so the bound is the upper edge of the bucket
+        # holding 1.3x the client's median (the client also counts the HTTP delivery)
+        assert 0.25 * tpot <= o.tpot_p[50] <= min(le for le in tpot_edges if le >= 1.3 * tpot), report
         assert o.ttft_p[50] <= o.ttft_p[90] <= o.ttft_p[99], report
     assert seen["num_running"] >= 1, seen  # requests in flight were seen as running
     assert 0 < seen["kv_usage"] <= 1, seen
