@@ -97,6 +97,16 @@ def test_every_name_type_label_and_bucket(server):
     assert any(s.name == "vllm:generation_tokens_total" for s in families["vllm:generation_tokens"].samples)
 
 
+def test_name_filter_renders_only_the_series_asked_for(server):
+    full = httpx.get(server.url + "/metrics").text
+    wanted = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
+    text = httpx.get(server.url + "/metrics", params=[("name[]", n) for n in wanted]).text
+    assert {f.name for f in text_string_to_metric_families(text)} == set(wanted)
+    assert len(text) < len(full) / 10
+    counter = httpx.get(server.url + "/metrics", params={"name[]": "vllm:generation_tokens_total"}).text
+    assert [f.name for f in text_string_to_metric_families(counter)] == ["vllm:generation_tokens"]
+
+
 def test_counters_and_histograms_follow_the_requests(server):
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     before = scrape(server.url)

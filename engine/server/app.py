@@ -107,8 +107,9 @@ def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = Non
         return {"version": version()}
 
     @app.get("/metrics")
-    async def metrics():
-        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request):
+        names = request.query_params.getlist("name[]")
+        return Response(engine.metrics.render(names), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
