@@ -50,13 +50,17 @@ search: {{duration: 60, drain: 120, start_rate: 2.0}}
 """
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plan")
-    (root / "plan.yaml").write_text(PLAN)
+def run_plan(root: Path, text: str) -> tuple[Path, dict]:
+    """`slopilot plan` of the plan text in root, in this process: its output folder and plan.json."""
+    (root / "plan.yaml").write_text(text)
     assert main(["plan", str(root / "plan.yaml"), "--out", str(root / "out"), "--workers", "1",
                  "--no-progress"]) == 0
     return root / "out", json.loads((root / "out" / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    return run_plan(tmp_path_factory.mktemp("plan"), PLAN)
 
 
 def scenario(out: Path, candidate: str, what: str) -> dict:

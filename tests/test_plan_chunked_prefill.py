@@ -4,14 +4,11 @@ setting the scheduler cannot run (whole prompts longer than the step budget) is 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from simulator.planner.plan import load_plan
 from simulator.planner.verdict import meets
-from slopilot.cli import main
-from tests.test_plan_brute_force import SEEDS, folder, scenario, simulate
+from tests.test_plan_brute_force import SEEDS, folder, run_plan, scenario, simulate
 
 PLAN = f"""
 name: chunking
@@ -36,11 +33,7 @@ search: {{duration: 60, drain: 120, start_rate: 2.0}}
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plan")
-    (root / "plan.yaml").write_text(PLAN)
-    assert main(["plan", str(root / "plan.yaml"), "--out", str(root / "out"), "--workers", "1",
-                 "--no-progress"]) == 0
-    return root / "out", json.loads((root / "out" / "plan.json").read_text())
+    return run_plan(tmp_path_factory.mktemp("plan"), PLAN)
 
 
 def test_each_setting_is_a_candidate_whose_static_fleet_equals_simulate_runs(planned, tmp_path):
