@@ -66,10 +66,11 @@ class PrometheusServer:
         self._fixed_port = port is not None
         self.port = port or free_port()
         self._own_dir = data_dir is None
-        self.dir = Path(data_dir or tempfile.mkdtemp(prefix="slopilot-prometheus-"))
+        # absolute: Prometheus runs with this folder as its working directory
+        self.dir = Path(data_dir or tempfile.mkdtemp(prefix="slopilot-prometheus-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
-        self.sd_file = Path(sd_file) if sd_file is not None else self.dir / "targets.json"
+        self.sd_file = Path(sd_file).resolve() if sd_file is not None else self.dir / "targets.json"
         self._write_config()
         if sd_file is None or targets:
             self.set_targets(list(targets))
