@@ -11,6 +11,12 @@ simulator (virtual time) and the live router (wall time) run the same code.
 
 A request is held while every replica is saturated (or there are none: scaled to zero), and goes
 out, highest band first and in arrival order within a band, as soon as one has room.
+
+A band may stop earlier than the detector's thresholds: with `saturation` s < 1 its requests go only
+to replicas whose utilization (waiting / queue threshold, KV usage / KV threshold, the larger) is under
+s. A batch band held at s = 0.1 waits in the gateway as soon as the engines fill, while an interactive
+band at 1.0 still dispatches: during a burst the capacity there is goes to the band that needs it now.
+This is the one home of that rule: the simulator's fleet and the live router's gate both call `pump`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ class Band:
     capacity: int = 1000  # requests held at most; one more is refused (429)
     ttl: float = 60.0  # seconds a request may wait in the gateway; then it is dropped (503)
     name: str = ""
+    saturation: float = 1.0  # dispatch only to replicas whose utilization is under this (1: the detector's)
+
+    def __post_init__(self):
+        if not self.saturation > 0:
+            raise ValueError(f"band {self.label}: saturation must be > 0, got {self.saturation}")
 
     @property
     def label(self) -> str:
@@ -73,10 +84,11 @@ class GatewayQueue:
         held.done = True
         self.counts[held.band.priority] -= 1
 
-    def pop(self, accept: Callable[[Held], bool] | None = None) -> Held | None:
+    def pop(self, accept: Callable[[Held], bool] | None = None, band: Band | None = None) -> Held | None:
         """The next request to dispatch (highest band, oldest first), removed; None when empty.
-        With `accept`, the first one it accepts (the others keep their places)."""
-        for b in self.bands:
+        With `accept`, the first one it accepts (the others keep their places); with `band`, from that
+        band only."""
+        for b in self.bands if band is None else [band]:
             q = self.queues[b.priority]
             while q and q[0].done:
                 q.popleft()
@@ -138,11 +150,12 @@ class SaturationDetector:
         """1.0 at a threshold: max(waiting / queue_threshold, kv_usage / kv_threshold)."""
         return max(r.num_waiting / self.queue_threshold, r.kv_usage / self.kv_threshold)
 
-    def has_room(self, r) -> bool:
-        return r.num_waiting < self.queue_threshold and r.kv_usage < self.kv_threshold
+    def has_room(self, r, level: float = 1.0) -> bool:
+        """Utilization under `level` (1.0: both below their thresholds)."""
+        return r.num_waiting < self.queue_threshold * level and r.kv_usage < self.kv_threshold * level
 
-    def room(self, replicas: list) -> list:
-        return [r for r in replicas if self.has_room(r)]
+    def room(self, replicas: list, level: float = 1.0) -> list:
+        return [r for r in replicas if self.has_room(r, level)]
 
     def saturation(self, replicas: list) -> float:
         """The pool's: the least utilised endpoint's (dispatch stops at 1.0); 1.0 with no endpoint."""
@@ -152,7 +165,8 @@ class SaturationDetector:
 def pump(queue: GatewayQueue, detector: SaturationDetector, replicas: list,
          dispatch: Callable[[Held, list], None], now: float,
          eligible: Callable[[Held, list], list] | None = None) -> list[Held]:
-    """Expires what outlived its TTL, then dispatches in priority order while a replica has room.
+    """Expires what outlived its TTL, then dispatches in priority order while a replica has room for
+    the band (under the band's saturation level).
 
     dispatch(held, room) must send the request to one replica of `room` and update that replica's
     view (its waiting count), so the next round sees it. eligible(held, room), when given, narrows
@@ -160,18 +174,24 @@ def pump(queue: GatewayQueue, detector: SaturationDetector, replicas: list,
     keeps its place while later ones go. Returns the expired requests."""
     expired = queue.expire(now)
     while len(queue):
-        room = detector.room(replicas)
-        if not room:
-            break
-        if eligible is None:
-            held = queue.pop()
-            if held is None:
+        held, room, rooms = None, [], {}  # rooms: saturation level -> replicas under it, this round
+        for band in queue.bands:
+            if not queue.counts[band.priority]:
+                continue
+            if band.saturation not in rooms:
+                rooms[band.saturation] = detector.room(replicas, band.saturation)
+            room = rooms[band.saturation]
+            if not room:
+                continue
+            if eligible is None:
+                held = queue.pop(band=band)
+            else:
+                fits: dict[int, list] = {}
+                held = queue.pop(lambda h: bool(fits.setdefault(id(h), eligible(h, room))), band)
+                room = fits[id(held)] if held is not None else room
+            if held is not None:
                 break
-            dispatch(held, room)
-            continue
-        fits: dict[int, list] = {}
-        held = queue.pop(lambda h: bool(fits.setdefault(id(h), eligible(h, room))))
         if held is None:
             break
-        dispatch(held, fits[id(held)])
+        dispatch(held, room)
     return expired

@@ -379,7 +379,8 @@ def _router(r: dict) -> dict:
 def _flow_control(f: dict) -> dict:
     """The gateway queue's settings, defaults filled (simulator.flow)."""
     bands = [Band(int(b["priority"]), int(b.get("capacity", Band.capacity)), float(b.get("ttl", Band.ttl)),
-                  str(b.get("name", ""))) for b in f.get("bands", [{"priority": 0}])]
+                  str(b.get("name", "")), float(b.get("saturation", Band.saturation)))
+             for b in f.get("bands", [{"priority": 0}])]
     shares = [float(b.get("share", 1.0 / len(bands))) for b in f.get("bands", [{"priority": 0}])]
     if len({b.priority for b in bands}) != len(bands):
         raise ValueError("router.flow_control.bands: priorities must be distinct")

@@ -232,7 +232,8 @@ ROUTER = mapping(
         "queue_threshold": COUNT0,
         "latency_ms": NONNEG,
         # a gateway queue in front of the replicas (simulator.flow): requests wait there while every
-        # replica is saturated, highest band first; `share` is the fraction of requests in a band
+        # replica is saturated, highest band first; `share` is the fraction of requests in a band,
+        # `saturation` the utilization under which a replica takes the band's requests (1: the thresholds)
         "flow_control": mapping({
             "queue_threshold": COUNT1,
             "kv_threshold": FRACTION,
@@ -240,7 +241,8 @@ ROUTER = mapping(
             "bands": {"type": "array", "minItems": 1, "items": mapping(
                 {"priority": {"type": "integer"}, "name": STR, "capacity": at_most(COUNT1, MAX_REQUESTS),
                  "ttl": SECONDS,
-                 "share": {"type": "number", "minimum": 0, "maximum": 1}}, ("priority",))},
+                 "share": {"type": "number", "minimum": 0, "maximum": 1},
+                 "saturation": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("priority",))},
         }),
     }
 )

@@ -15,7 +15,9 @@
     saturationDetector: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8}
     flowControl:                               # the gateway queue (without it: one band, no saturation gate)
       defaultPriority: 0
-      priorityBands: [{priority: 10, name: high, maxRequests: 100, ttl: 10s}, {priority: 0, ttl: 60s}]
+      priorityBands: [{priority: 10, name: high, maxRequests: 100, ttl: 10s}, {priority: 0, ttl: 60s,
+                      saturation: 0.5}]        # a band's requests go only to endpoints under this
+                                               # fraction of the detector's thresholds (default 1)
       objectives: {premium: 10}                # x-gateway-inference-objective header (or model) -> priority
     dataLayer: {refreshInterval: 100ms, healthCheckInterval: 1s, ejectAfter: 1}
 
@@ -76,7 +78,8 @@ ROUTER_SCHEMA = mapping(
             "defaultRequestTTL": DURATION,
             "priorityBands": {"type": "array", "minItems": 1, "items": mapping(
                 {"priority": {"type": "integer"}, "name": {"type": "string"},
-                 "maxRequests": {"type": "integer", "minimum": 0}, "ttl": DURATION}, ("priority",))},
+                 "maxRequests": {"type": "integer", "minimum": 0}, "ttl": DURATION,
+                 "saturation": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("priority",))},
             "objectives": {"type": "object", "additionalProperties": {"type": "integer"}},
         }),
         "dataLayer": mapping({"refreshInterval": DURATION, "healthCheckInterval": DURATION,
@@ -238,7 +241,8 @@ def _flow_control(doc: Document, cfg: RouterConfig) -> None:
     bands = []
     for i, b in enumerate(f.get("priorityBands", [{"priority": 0}])):
         band_ttl = _duration(doc, ("flowControl", "priorityBands", i, "ttl"), b["ttl"]) if "ttl" in b else ttl
-        bands.append(Band(int(b["priority"]), int(b.get("maxRequests", 1000)), band_ttl, b.get("name", "")))
+        bands.append(Band(int(b["priority"]), int(b.get("maxRequests", 1000)), band_ttl, b.get("name", ""),
+                          float(b.get("saturation", 1.0))))
     if len({b.priority for b in bands}) != len(bands):
         raise doc.error(("flowControl", "priorityBands"), "priorities must be distinct")
     cfg.bands = bands

@@ -68,6 +68,10 @@ SCENARIO_MEANINGS = {
     "autoscaler.latency_model": "the model an sloModel policy plans with (default: the pool's)",
     "router": "how requests are spread over replicas",
     "router.latency_ms": "network and gateway time added to every request",
+    "router.flow_control.bands[].share": "fraction of the generated requests in this band",
+    "router.flow_control.bands[].saturation": ("the band's requests go only to replicas under this fraction "
+                                               "of the saturation thresholds (a batch band below 1 waits "
+                                               "while higher bands still dispatch)"),
     "slo": "latency targets the report checks: seconds, or {percentile, seconds}",
     "metrics.scrape_interval": "seconds between scrapes of the replicas' metrics",
     "metrics.rate_window": "the window of rate() and histogram_quantile() the policies read",
