@@ -62,3 +62,30 @@ def test_seeded_rows_do_not_depend_on_batch_composition():
 def test_mismatched_lengths_rejected():
     with pytest.raises(ValueError, match="params"):
         sample(torch.zeros(2, 4), [SamplingParams()], [None])
+
+
+def test_mixed_batch_rows_each_sample_as_if_alone():
+    # one batch of greedy, plain, top-k, top-p and both rows: each row draws what it draws alone
+    torch.manual_seed(1)
+    logits = torch.randn(5, 64) * 2
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.6),
+              SamplingParams(temperature=0.9, top_k=10, top_p=0.8)]
+    batch_gens = [None] + [gen(s) for s in range(1, 5)]
+    alone_gens = [None] + [gen(s) for s in range(1, 5)]
+    for _ in range(30):
+        batched = sample(logits, params, batch_gens)
+        alone = [sample(logits[i:i + 1], [params[i]], [alone_gens[i]])[0] for i in range(5)]
+        assert batched == alone
+        assert batched[0] == int(logits[0].argmax())
+        assert batched[2] in logits[2].topk(5).indices.tolist()
+
+
+def test_filter_logits_takes_one_setting_per_row():
+    torch.manual_seed(2)
+    logits = torch.randn(3, 32)
+    top_k, top_p = torch.tensor([3, -1, 8]), torch.tensor([1.0, 0.5, 0.9], dtype=torch.float64)
+    rows = filter_logits(logits, top_k, top_p)
+    for i in range(3):
+        assert torch.equal(rows[i], filter_logits(logits[i], int(top_k[i]), float(top_p[i])))
+    assert int(torch.isfinite(rows[0]).sum()) == 3
