@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.router.config import RouterConfig
@@ -29,7 +28,8 @@ from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
-from controlplane.router.proxy import error_body, forward, forward_headers, respond, upstream_session
+from controlplane.router.proxy import error_body, forward, forward_headers, respond
+from controlplane.router.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("slopilot.router")
 
@@ -49,8 +49,7 @@ class RouterState:
         uses_prefix = self.gate.router.uses_prefix
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
-        self.client: httpx.AsyncClient | None = None  # /v1/models
-        self.session = None  # aiohttp: proxied requests, scrapes and health checks (a third of httpx's CPU)
+        self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
 
 
@@ -66,19 +65,15 @@ class RouterApp:
     # -- lifespan --------------------------------------------------------------------------------
     async def startup(self) -> None:
         st, cfg = self.st, self.st.cfg
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        timeout = httpx.Timeout(None, connect=cfg.connect_timeout)
-        st.client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
-        st.session = upstream_session(cfg.connect_timeout)
+        st.upstream = Upstream(cfg.connect_timeout)
         self._stop = asyncio.Event()
-        await st.pool.refresh(st.session)  # know the endpoints before the first request
-        self._task = asyncio.create_task(st.pool.run(st.session, self._stop))
+        await st.pool.refresh(st.upstream)  # know the endpoints before the first request
+        self._task = asyncio.create_task(st.pool.run(st.upstream, self._stop))
 
     async def shutdown(self) -> None:
         self._stop.set()
         await self._task
-        await self.st.client.aclose()
-        await self.st.session.close()
+        self.st.upstream.close()
 
     async def lifespan(self, receive, send) -> None:
         while True:
@@ -114,6 +109,7 @@ class RouterApp:
             if path == "/metrics":
                 st = self.st
                 st.pool.publish()
+                st.gate.publish()
                 return await respond(send, 200, generate_latest(st.metrics.registry),
                                      [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             return await json_error(send, 404, f"no route {path}", "NotFoundError")
@@ -153,8 +149,9 @@ class RouterApp:
         p = Pending(hashes, tokens, h.get(cfg.session_header), priority, model, time.monotonic())
         try:
             await st.gate.acquire(p)
-            await forward(st.gate, st.session, p, path, body, forward_headers(h, st.upstream_key),
-                          bool(data.get("stream")), send, receive)
+            headers = forward_headers(scope["headers"], st.upstream_key)
+            streaming = bool(data.get("stream"))
+            await forward(st.gate, st.upstream, p, path, body, headers, streaming, send, receive)
         except Refused as exc:
             st.metrics.errors.labels(model, str(priority), str(exc.status)).inc()
             await json_error(send, exc.status, str(exc), exc.kind)
@@ -164,13 +161,13 @@ class RouterApp:
         h = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if self.unauthorized(h):
             return await json_error(send, 401, "invalid or missing API key", "AuthenticationError")
-        headers = forward_headers(h, st.upstream_key)
+        headers = forward_headers(scope["headers"], st.upstream_key)
 
         async def one(url: str) -> list[dict]:
             try:
-                r = await st.client.get(url + "/v1/models", headers=headers, timeout=st.cfg.scrape_timeout)
-                return r.json().get("data", []) if r.status_code == 200 else []
-            except (httpx.HTTPError, ValueError, AttributeError):
+                status, body = await st.upstream.get(url, "/v1/models", st.cfg.scrape_timeout, headers)
+                return json.loads(body).get("data", []) if status == 200 else []
+            except (UpstreamError, ValueError, AttributeError):
                 return []
 
         seen: dict[str, dict] = {}

@@ -56,9 +56,11 @@ class Gate:
         self.queue = GatewayQueue(cfg.bands)
         self.detector = SaturationDetector(cfg.queue_threshold, cfg.kv_threshold) if cfg.flow_control \
             else UNGATED
-        pool.on_change = self.pump
+        pool.on_change = self.refreshed
+        self._sizes_set: dict[str, int] = {}  # the queue-size gauges' values (set only when they change)
         for b in self.queue.bands:
             metrics.queue_size.labels(b.label, metrics.pool).set(0)
+            self._sizes_set[b.label] = 0
 
     def priority(self, objective: str | None, model: str, explicit: str | None) -> int:
         """The priority header's, else the objective header's, else the model's objective's, else the
@@ -110,6 +112,15 @@ class Gate:
                 p.future.set_exception(Refused(503, f"the request waited {held.band.ttl:g}s in the gateway "
                                                     f"queue (its TTL) and {why}", "ServiceUnavailableError"))
         self._sizes()
+
+    def refreshed(self) -> None:
+        """The pool's metrics were refreshed (or an endpoint came back): capacity may have freed."""
+        self.pump()
+        self.publish()
+
+    def publish(self) -> None:
+        """The pool-saturation gauge: set at every refresh and before every /metrics render, so a
+        scrape reads it as of now (not on every request: it is read only when scraped)."""
         m = self.metrics
         m.child(m.saturation, m.pool, "effective").set(self.detector.saturation(self.pool.routable()))
 
@@ -153,7 +164,7 @@ class Gate:
         ep.in_flight_tokens -= p.tokens
         if ep.draining and ep.outstanding == 0:
             self.pool.sync([u for u, e in self.pool.endpoints.items() if not e.draining])
-        if pump:
+        if pump and len(self.queue):  # freed room matters only to held requests (none: pump is a no-op)
             self.pump()
 
     def _outcome(self, band: str, outcome: str, p: Pending) -> None:
@@ -162,6 +173,8 @@ class Gate:
         m.child(m.queue_duration, band, outcome, m.pool).observe(max(0.0, self.clock() - p.arrived))
 
     def _sizes(self) -> None:
-        m = self.metrics
+        m, last = self.metrics, self._sizes_set
         for label, n in self.queue.sizes().items():
-            m.child(m.queue_size, label, m.pool).set(n)
+            if last.get(label) != n:
+                last[label] = n
+                m.child(m.queue_size, label, m.pool).set(n)

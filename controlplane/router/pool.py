@@ -14,11 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import METRICS_QUERY, Endpoint, read_gauges
 from controlplane.router.metrics import RouterMetrics
+from controlplane.router.upstream import Upstream, UpstreamError
 from simulator.scorers import routable
 
 log = logging.getLogger("slopilot.router")
@@ -35,8 +34,8 @@ class Pool:
         self.cfg, self.discover, self.metrics, self.clock = cfg, discover, metrics, clock
         self.endpoints: dict[str, Endpoint] = {}
         self._next_id = 0
+        self._routable: list[Endpoint] | None = None  # cached; reset whenever health or membership changes
         self.on_change: Callable[[], None] = lambda: None  # the gate's pump: capacity may have freed
-        self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout)
 
     # -- membership ------------------------------------------------------------------------------
     def sync(self, urls: list[str]) -> None:
@@ -57,9 +56,13 @@ class Pool:
                     del self.endpoints[url]
                     self.metrics.forget(url)
                     log.info("endpoint %s left", url)
+        self._routable = None
 
     def routable(self) -> list[Endpoint]:
-        return routable(list(self.endpoints.values()))
+        """Healthy endpoints not draining (the same list until one of those changes: do not modify)."""
+        if self._routable is None:
+            self._routable = routable(list(self.endpoints.values()))
+        return self._routable
 
     def may_serve(self, model: str) -> bool:
         """False only when every endpoint has named its models and none is `model` (then 404); with
@@ -72,6 +75,7 @@ class Pool:
         ep.failures += 1
         if ep.healthy and (refused or ep.failures >= self.cfg.eject_after):
             ep.healthy = False
+            self._routable = None
             self.metrics.ejections.labels(ep.url).inc()
             self.metrics.healthy.labels(ep.url).set(0)
             log.warning("endpoint %s ejected: %s", ep.url, why)
@@ -81,26 +85,25 @@ class Pool:
 
     def readmit(self, ep: Endpoint) -> None:
         ep.healthy, ep.failures = True, 0
+        self._routable = None
         self.metrics.healthy.labels(ep.url).set(1)
         log.info("endpoint %s readmitted", ep.url)
 
     # -- the loops -------------------------------------------------------------------------------
-    async def scrape(self, client: aiohttp.ClientSession, ep: Endpoint) -> None:
+    async def scrape(self, client: Upstream, ep: Endpoint) -> None:
         then, t = ep.outstanding, self.clock()
         try:
-            async with client.get(ep.url + "/metrics?" + METRICS_QUERY, timeout=self._timeout) as r:
-                r.raise_for_status()
-                text = await r.text()
-        except aiohttp.ClientConnectorError as exc:
-            self.failed(ep, f"scrape: {exc!r}", refused=True)
+            status, body = await client.get(ep.url, "/metrics?" + METRICS_QUERY, self.cfg.scrape_timeout)
+        except UpstreamError as exc:
+            self.failed(ep, f"scrape: {exc}", refused=exc.refused)
             return
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            self.failed(ep, f"scrape: {exc!r}")
+        if status >= 400:
+            self.failed(ep, f"scrape: HTTP {status}")
             return
-        gauges, models = read_gauges(text)
+        gauges, models = read_gauges(body.decode("utf-8", "replace"))
         ep.scraped(gauges, models, then, t)
 
-    async def refresh(self, client: aiohttp.ClientSession) -> None:
+    async def refresh(self, client: Upstream) -> None:
         """One round: discovery, then a scrape of every endpoint that is not ejected."""
         try:
             self.sync(self.discover())  # must not block: a static list, a fleet's, or a cache
@@ -112,19 +115,19 @@ class Pool:
         self.publish()
         self.on_change()
 
-    async def check_health(self, client: aiohttp.ClientSession) -> None:
+    async def check_health(self, client: Upstream) -> None:
         for ep in [e for e in self.endpoints.values() if not e.healthy]:
             try:
-                async with client.get(ep.url + "/health", timeout=self._timeout) as r:
-                    ok = r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+                status, _ = await client.get(ep.url, "/health", self.cfg.scrape_timeout)
+                ok = status == 200
+            except UpstreamError:
                 continue
             if ok:
                 self.readmit(ep)
                 await self.scrape(client, ep)
                 self.on_change()
 
-    async def run(self, client: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+    async def run(self, client: Upstream, stop: asyncio.Event) -> None:
         next_health = self.clock()
         while not stop.is_set():
             t0 = self.clock()

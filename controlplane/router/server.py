@@ -22,6 +22,7 @@ class RouterServer:
         self.url = f"http://{host}:{self.port}"
         self.state = app.state.router
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", access_log=False,
+                                proxy_headers=False,
                                 lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="router", daemon=True)

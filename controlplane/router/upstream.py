@@ -1,0 +1,290 @@
+"""The router's upstream HTTP/1.1 client: keep-alive connections per endpoint, answers parsed by
+httptools (uvicorn's C parser), body chunks handed over as they arrive.
+
+Why not aiohttp: per request it builds a request and a response object, header multidicts, a stream
+reader, timers and a cookie jar, about half of the router's CPU per routed request. A proxy that
+already holds the body bytes and relays chunks needs a socket, a parser and a buffer.
+
+    up = Upstream(connect_timeout=5.0)
+    r = await up.request("http://127.0.0.1:8001", b"POST", "/v1/completions", headers, body)
+    r.status, r.headers          # headers: [(name, value)] as bytes, as the endpoint sent them
+    chunk = await r.read_chunk()  # b"" once the answer is complete; r.complete: nothing more to come
+    r.close()                     # before the end: the connection is closed (the engine aborts)
+    status, body = await up.get("http://127.0.0.1:8001", "/metrics", timeout=1.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import httptools
+
+HIGH_WATER = 1 << 20  # bytes buffered from an endpoint before its socket stops being read
+
+
+class UpstreamError(Exception):
+    """The endpoint could not be reached (refused: the connection itself failed) or its answer broke off."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
+class Response:
+    """One answer: status and headers once `request` returns, then body chunks as they arrive."""
+
+    __slots__ = ("status", "headers", "keep_alive", "_conn", "_chunks", "_size", "_done", "_error",
+                 "_waiter", "_any_byte", "_timer")
+
+    def __init__(self, conn: _Connection):
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self._conn: _Connection | None = conn
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._done = False  # the whole answer has arrived (it may still sit in _chunks)
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future | None = None
+        self._any_byte = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Everything has been read: the next read_chunk returns b""."""
+        return self._done and not self._chunks
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def _head(self) -> None:
+        """Waits for the status line and headers (closes the connection when that fails)."""
+        try:
+            while not self.status:
+                if self._error is not None:
+                    raise self._error
+                await self._wait()
+        except BaseException:
+            self.close()
+            raise
+
+    async def read_chunk(self) -> bytes:
+        """What has arrived since the last call (joined), waiting for something; b"" at the end.
+        Raises UpstreamError when the connection broke before the end."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            await self._wait()
+        chunks = self._chunks
+        if len(chunks) == 1:
+            data = chunks.popleft()
+        else:
+            data = b"".join(chunks)
+            chunks.clear()
+        if self._size >= HIGH_WATER and self._conn is not None:
+            self._conn.transport.resume_reading()
+        self._size = 0
+        return data
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while chunk := await self.read_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Done with it: an unfinished answer's connection is closed (the endpoint sees the client go)."""
+        conn, self._conn = self._conn, None
+        if self._timer is not None:
+            self._timer.cancel()
+        if conn is not None and not self._done:
+            conn.transport.close()
+
+    # -- fed by the connection -------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if not self._done and self._error is None:
+            self._error = error
+            self._wake()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; the parser calls back on_* as the answer's bytes come in."""
+
+    def __init__(self, pool: Upstream, key: tuple[str, int]):
+        self.pool, self.key = pool, key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.closed = False
+        self.used = False  # has carried an answer before (a stale keep-alive may be closed by now)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.pool._discard(self)
+        r, self.response = self.response, None
+        if r is not None:
+            framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in r.headers)
+            if r.status and not framed:
+                r._done = True  # an answer delimited by the connection's end
+                r._wake()
+            else:
+                r._fail(UpstreamError(f"connection lost ({type(exc).__name__ if exc else 'closed'})"))
+
+    def data_received(self, data: bytes) -> None:
+        r = self.response
+        if r is None:  # nothing was asked: an idle connection the endpoint is closing, or garbage
+            self.transport.close()
+            return
+        r._any_byte = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            r._fail(UpstreamError(f"malformed answer: {exc}"))
+            self.transport.close()
+
+    def eof_received(self):
+        return False  # close our side too
+
+    # -- parser callbacks ------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.response.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        r = self.response
+        r.status = self.parser.get_status_code()
+        r.keep_alive = self.parser.should_keep_alive()
+        r._wake()
+
+    def on_body(self, body: bytes) -> None:
+        r = self.response
+        r._chunks.append(body)
+        r._size += len(body)
+        if r._size >= HIGH_WATER:
+            self.transport.pause_reading()
+        r._wake()
+
+    def on_message_complete(self) -> None:
+        r, self.response = self.response, None
+        r._done = True
+        r._conn = None
+        if r._size >= HIGH_WATER:
+            self.transport.resume_reading()
+        r._wake()
+        if r.keep_alive:
+            self.used = True
+            self.pool._release(self)
+        else:
+            self.transport.close()
+
+
+class Upstream:
+    """Keep-alive connections to the endpoints (no limit on their number; idle ones are reused)."""
+
+    def __init__(self, connect_timeout: float, max_idle: int = 256):
+        self.connect_timeout, self.max_idle = connect_timeout, max_idle
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._keys: dict[str, tuple[str, int, bytes]] = {}  # base URL -> host, port, Host header
+
+    def _key(self, url: str) -> tuple[str, int, bytes]:
+        k = self._keys.get(url)
+        if k is None:
+            rest = url.split("://", 1)[-1].split("/", 1)[0]
+            host, _, port = rest.rpartition(":") if rest.rfind(":") > rest.rfind("]") else (rest, "", "80")
+            host = host.strip("[]")
+            k = self._keys[url] = (host, int(port), rest.encode("latin-1"))
+        return k
+
+    async def _connect(self, key: tuple[str, int], timeout: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        limit = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(self, key), *key),
+                                             limit)
+        except asyncio.TimeoutError:
+            raise UpstreamError(f"connect to {key[0]}:{key[1]} timed out") from None
+        except OSError as exc:
+            raise UpstreamError(f"connect to {key[0]}:{key[1]}: {exc}", refused=True) from None
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) < self.max_idle and not conn.closed:
+            idle.append(conn)
+        else:
+            conn.transport.close()
+
+    def _discard(self, conn: _Connection) -> None:
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    async def request(self, url: str, method: bytes, path: str, headers: bytes, body: bytes = b"",
+                      timeout: float | None = None) -> Response:
+        """Sends the request and waits for the answer's status and headers. `headers`: the header
+        lines (b"name: value\\r\\n" each) besides Host and Content-Length. With `timeout`, the
+        connection is closed if the whole answer has not arrived by then."""
+        host, port, host_header = self._key(url)
+        key = (host, port)
+        head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s\r\n" % (
+            method, path.encode("latin-1"), host_header, len(body), headers)
+        data = head + body
+        idle = self._idle.get(key)
+        conn = idle.pop() if idle else await self._connect(key, timeout)
+        r = self._start(conn, data, timeout)
+        try:
+            await r._head()
+            return r
+        except UpstreamError:
+            if not conn.used or r._any_byte:
+                raise
+        # a reused connection the endpoint closed while it sat idle, before any byte of the answer:
+        # once more on a new one (the endpoint never saw the request)
+        r = self._start(await self._connect(key, timeout), data, timeout)
+        await r._head()
+        return r
+
+    @staticmethod
+    def _start(conn: _Connection, data: bytes, timeout: float | None) -> Response:
+        r = conn.response = Response(conn)
+        if conn.closed:
+            r._fail(UpstreamError("connection lost (closed while idle)"))
+        else:
+            conn.transport.write(data)
+        if timeout is not None:
+            r._timer = asyncio.get_running_loop().call_later(timeout, _time_out, r, conn, timeout)
+        return r
+
+    async def get(self, url: str, path: str, timeout: float, headers: bytes = b"") -> tuple[int, bytes]:
+        """A whole GET answer (status, body) within `timeout` seconds; UpstreamError otherwise."""
+        r = await self.request(url, b"GET", path, headers, timeout=timeout)
+        try:
+            return r.status, await r.read_all()
+        finally:
+            r.close()
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.transport.close()
+        self._idle.clear()
+
+
+def _time_out(r: Response, conn: _Connection, timeout: float) -> None:
+    if not r._done:
+        r._fail(UpstreamError(f"no complete answer within {timeout:g} s"))
+        conn.transport.close()
