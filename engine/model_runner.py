@@ -58,7 +58,7 @@ class ModelRunner:
                              f"{len(num_new_tokens)} counts")
         ids: list[int] = []
         sampling: list[int] = []  # index of each sampling seq's last token in the flat batch
-        for seq, n in zip(seqs, num_new_tokens):
+        for seq, n in zip(seqs, num_new_tokens):  # list work only: one tensor per step is made below
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             if n < 1 or end > len(seq.token_ids):
                 raise ValueError(f"request {seq.request_id}: cannot compute tokens {start}..{end} "
@@ -78,9 +78,11 @@ class ModelRunner:
                         ) -> tuple[torch.Tensor, list[int]]:
         input_ids, positions, meta, sampling = self._prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
-        # only the last position of sampling seqs goes through lm_head
-        rows = torch.tensor(sampling, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden[rows]).float(), sampling
+        # only the last position of sampling seqs goes through lm_head (in a step of decodes alone,
+        # every position: no gather)
+        if len(sampling) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(sampling, dtype=torch.int64, device=self.device)]
+        return self.model.compute_logits(hidden).float(), sampling
 
     @torch.inference_mode()
     def execute_logits(self, seqs: list[Sequence], num_new_tokens: list[int]) -> torch.Tensor:
@@ -91,12 +93,15 @@ class ModelRunner:
     def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> list[int | None]:
         """One forward pass; a sampled token for each seq whose chunk reaches its end, else None."""
         logits, _ = self._forward_logits(seqs, num_new_tokens)
-        samplers = [s for s, n in zip(seqs, num_new_tokens) if s.num_computed_tokens + n == len(s.token_ids)]
+        samples = [s.num_computed_tokens + n == len(s.token_ids) for s, n in zip(seqs, num_new_tokens)]
+        samplers = [s for s, yes in zip(seqs, samples) if yes]
         params = [s.sampling_params for s in samplers]
         gens = [None if p.greedy else self._generator(s) for s, p in zip(samplers, params)]
-        tokens = iter(sample(logits, params, gens))
-        return [next(tokens) if s.num_computed_tokens + n == len(s.token_ids) else None
-                for s, n in zip(seqs, num_new_tokens)]
+        tokens = sample(logits, params, gens)  # one batch of tensor ops for every row
+        if len(tokens) == len(seqs):
+            return tokens
+        it = iter(tokens)
+        return [next(it) if yes else None for yes in samples]
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         g = self._generators.get(seq.request_id)
