@@ -3,10 +3,15 @@
 // Caches are [num_blocks, block_size, num_kv_heads, head_dim] (head_dim contiguous). Query token j of a
 // sequence with q_len new tokens and seq_len cached tokens sits at position seq_len - q_len + j and attends
 // to positions 0..that position. One work item is (sequence, kv head, tile of query tokens): every query
-// head of the kv head's group and every token of the tile reads each K/V row once (bf16 rows converted
-// to float32; all arithmetic is float32). Items run in parallel with OpenMP (torch's own runtime when
-// torch is loaded first: same soname). Hot loops are 8-lane GCC vectors; on x86 the item function is also
-// built for x86-64-v3 (AVX2, FMA) and picked at load time by CPU features, so the binary stays portable.
+// head of the kv head's group and every token of the tile reads each K/V row once from memory; all
+// arithmetic is float32. Decode is memory-bound, so an item first lists a pointer per position (no
+// division per position) and prefetches rows 16 positions ahead (blocks are scattered, which defeats the
+// hardware prefetcher). Scores are computed eight positions at a time (eight dot products reduced
+// together: no horizontal sum per score); bf16 K rows are converted once per eight positions; the
+// weighted V sum keeps its accumulators in registers. Items run in parallel with OpenMP (torch's own
+// runtime when torch is loaded first: same soname), each thread reusing its buffers across calls. Hot
+// loops are 8-lane GCC vectors; on x86 the item function is also built for x86-64-v3 (AVX2, FMA) and
+// picked at load time by CPU features, so the binary stays portable.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -42,6 +47,9 @@ inline float bf16_to_float(uint16_t x) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+
+inline float ld1(float x) { return x; }
+inline float ld1(uint16_t x) { return bf16_to_float(x); }
 
 inline uint16_t float_to_bf16(float f) {  // round to nearest even, NaN kept NaN
   uint32_t bits;
@@ -94,16 +102,6 @@ INLINE float hsum(v8f v) {
   return s;
 }
 
-// n bfloat16 -> float32, n a multiple of 8
-INLINE void bf16_row(float* dst, const uint16_t* src, int64_t n) {
-  for (int64_t i = 0; i < n; i += 8) {
-    v8h h;
-    std::memcpy(&h, src + i, sizeof h);
-    v8u w = __builtin_convertvector(h, v8u) << 16;
-    std::memcpy(dst + i, &w, sizeof w);
-  }
-}
-
 // exp of x <= 0 (softmax inputs after subtracting the max): 2^n * e^r with |r| <= ln2/2, Taylor to r^7
 // (relative error below float epsilon); x < -87 (and -inf) gives 0.
 INLINE v8f exp8(v8f x) {
@@ -126,133 +124,291 @@ INLINE v8f exp8(v8f x) {
   return under ? splat(0.0f) : p * two_n;
 }
 
-// One work item: rows r = (token t, head g of the group), r = t * group + g. Row r sees positions
-// < limit(t); for one position the rows that see it are a suffix, so the loops need no masks.
-SLOPILOT_CLONES
-void attend_item(const Args& a, const Item& it, std::vector<float>& scratch) {
-  const int64_t d = a.head_dim;
-  const int64_t dp = (d + 7) / 8 * 8;
-  const bool direct = a.dtype == kFloat32 && d == dp;  // cache rows read in place, else converted
-  const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
-  const int32_t seq_len = a.seq_lens[it.seq];
-  const int32_t q_start = a.query_start_loc[it.seq];
-  const int32_t q_len = a.query_start_loc[it.seq + 1] - q_start;
-  const int32_t first = seq_len - q_len + it.tok_begin;  // position of the item's first token
-  const int n_tok = it.tok_end - it.tok_begin;
-  const int rows = n_tok * group;
-  const int32_t span = first + n_tok;  // positions any row of the item reads
-  const int64_t sp = (span + 7) / 8 * 8;
-  const int32_t* table = a.block_tables + static_cast<int64_t>(it.seq) * a.bt_stride;
-  const int64_t bs = a.block_size;
-  const int64_t head_off = it.kv_head * a.c_stride_h;
+// bf16 -> float32 (exact: the bits shifted up), 8 lanes: interleaved with zero low halves, which GCC
+// lowers to a permute and an unpack (its vector conversion takes two extensions and an insert)
+INLINE v8f ld(const float* p) { return load8(p); }
+INLINE v8f ld(const uint16_t* p) {
+  v8h h;
+  std::memcpy(&h, p, sizeof h);
+#if defined(__has_builtin) && __has_builtin(__builtin_shufflevector)
+  typedef uint16_t v16h __attribute__((vector_size(32)));
+  const v16h w = __builtin_shufflevector(h, v8h{}, 8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7);
+#else
+  const v8u w = __builtin_convertvector(h, v8u) << 16;
+#endif
+  v8f f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
 
-  const size_t need = static_cast<size_t>(rows) * (2 * dp + sp) + dp;
-  if (scratch.size() < need) scratch.resize(need);
-  float* q = scratch.data();                               // [rows, dp], scaled
-  float* acc = q + rows * dp;                              // [rows, dp]
-  float* scores = acc + rows * dp;                         // [rows, sp]
-  float* buf = scores + static_cast<int64_t>(rows) * sp;   // one converted K or V row, [dp]
-  std::fill(q, scores, 0.0f);
-  std::fill(scores, buf, -std::numeric_limits<float>::infinity());
-  std::fill(buf, buf + dp, 0.0f);
-  for (int t = 0; t < n_tok; ++t) {
-    const int64_t tok = q_start + it.tok_begin + t;
-    for (int g = 0; g < group; ++g) {
-      float* qr = q + (t * group + g) * dp;
-      const int64_t off = tok * a.q_stride_t + (it.kv_head * group + g) * a.q_stride_h;
-      for (int64_t i = 0; i < d; ++i)
-        qr[i] = a.scale * (a.dtype == kFloat32 ? static_cast<const float*>(a.query)[off + i]
-                                                : bf16_to_float(static_cast<const uint16_t*>(a.query)[off + i]));
-    }
-  }
-  // a cache row at element offset off, as float32: in place, or converted into buf
-  auto row = [&](const void* cache, int64_t off) -> const float* {
-    if (direct) return static_cast<const float*>(cache) + off;
-    if (a.dtype == kFloat32) {
-      std::memcpy(buf, static_cast<const float*>(cache) + off, d * sizeof(float));
-    } else if (d == dp) {
-      bf16_row(buf, static_cast<const uint16_t*>(cache) + off, d);
-    } else {
-      for (int64_t i = 0; i < d; ++i) buf[i] = bf16_to_float(static_cast<const uint16_t*>(cache)[off + i]);
-    }
-    return buf;
-  };
-  // scores: each K row once, against the rows that see it, four rows at a time
-  for (int32_t b0 = 0; b0 < span; b0 += bs) {  // block by block: no division per position
-   const int64_t base = table[b0 / bs] * a.c_stride_b + head_off;
-   const int32_t b1 = static_cast<int32_t>(std::min<int64_t>(span, b0 + bs));
-   for (int32_t pos = b0; pos < b1; ++pos) {
-    const float* k = row(a.k_cache, base + (pos - b0) * a.c_stride_s);
-    int r = pos < first ? 0 : (pos - first) * group;
-    for (; r + 4 <= rows; r += 4) {
-      v8f s0 = {}, s1 = {}, s2 = {}, s3 = {};
-      const float* q0 = q + r * dp;
-      for (int64_t i = 0; i < dp; i += 8) {
-        const v8f kv = load8(k + i);
-        s0 += load8(q0 + i) * kv;
-        s1 += load8(q0 + dp + i) * kv;
-        s2 += load8(q0 + 2 * dp + i) * kv;
-        s3 += load8(q0 + 3 * dp + i) * kv;
+// float32 -> bf16, round to nearest even, NaN kept NaN, 8 lanes
+INLINE void st(uint16_t* p, v8f x) {
+  v8u b;
+  std::memcpy(&b, &x, sizeof b);
+  const v8u rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  const v8u nan = (b >> 16) | 0x40u;
+  const v8u r = (b & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const v8h h = __builtin_convertvector(r, v8h);
+  std::memcpy(p, &h, sizeof h);
+}
+INLINE void st(float* p, v8f x) { store8(p, x); }
+
+// lane j of the result = the sum of a_j's lanes (a transposing reduction: 14 shuffles, 7 adds)
+INLINE v8f reduce8(v8f a0, v8f a1, v8f a2, v8f a3, v8f a4, v8f a5, v8f a6, v8f a7) {
+  const v8i ev = {0, 8, 2, 10, 4, 12, 6, 14}, od = {1, 9, 3, 11, 5, 13, 7, 15};
+  const v8f t0 = __builtin_shuffle(a0, a1, ev) + __builtin_shuffle(a0, a1, od);  // pairs of a0, a1
+  const v8f t1 = __builtin_shuffle(a2, a3, ev) + __builtin_shuffle(a2, a3, od);
+  const v8f t2 = __builtin_shuffle(a4, a5, ev) + __builtin_shuffle(a4, a5, od);
+  const v8f t3 = __builtin_shuffle(a6, a7, ev) + __builtin_shuffle(a6, a7, od);
+  const v8i lo = {0, 1, 8, 9, 4, 5, 12, 13}, hi = {2, 3, 10, 11, 6, 7, 14, 15};
+  const v8f u0 = __builtin_shuffle(t0, t1, lo) + __builtin_shuffle(t0, t1, hi);  // quads of a0..a3
+  const v8f u1 = __builtin_shuffle(t2, t3, lo) + __builtin_shuffle(t2, t3, hi);
+  const v8i h0 = {0, 1, 2, 3, 8, 9, 10, 11}, h1 = {4, 5, 6, 7, 12, 13, 14, 15};
+  return __builtin_shuffle(u0, u1, h0) + __builtin_shuffle(u0, u1, h1);
+}
+
+constexpr int kAhead = 16;  // positions prefetched ahead: blocks are scattered, so the hardware cannot
+
+template <typename T>
+INLINE void prefetch_row(const T* row, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
+}
+
+// The rows of one item. Row r = (token t, head g of the group), r = t * group + g, sees the positions
+// < first + t + 1 (its causal limit); the rows that see one position are a suffix of the rows.
+struct Rows {
+  int rows, group;
+  int32_t first, span;  // position of the item's first token; positions any row reads
+  int64_t dp, sp;       // head_dim and span rounded up to the vector width
+  int32_t limit(int r) const { return first + r / group + 1; }
+};
+
+// scores[r, pos] = q_r . K[pos] for the positions row r sees, -inf after them (to sp). Eight
+// positions at a time: eight dot products reduced together, so no horizontal sum per score.
+template <typename T>
+INLINE void qk(const Rows& R, const float* q, const T* const* kp, int64_t row_bytes, float* scores, float* kbuf) {
+  const int64_t dp = R.dp;
+  for (int32_t p0 = 0; p0 < R.span; p0 += 8) {
+    for (int j = 0; j < 8 && p0 + kAhead + j < R.span; ++j) prefetch_row(kp[p0 + kAhead + j], row_bytes);
+    const float* k[8];
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (sizeof(T) == sizeof(float)) {
+        k[j] = reinterpret_cast<const float*>(kp[p0 + j]);
+      } else {  // bf16: each chunk converted once, not once per row
+        for (int64_t i = 0; i < dp; i += 8) store8(kbuf + j * dp + i, ld(kp[p0 + j] + i));
+        k[j] = kbuf + j * dp;
       }
-      scores[r * sp + pos] = hsum(s0);
-      scores[(r + 1) * sp + pos] = hsum(s1);
-      scores[(r + 2) * sp + pos] = hsum(s2);
-      scores[(r + 3) * sp + pos] = hsum(s3);
     }
-    for (; r < rows; ++r) {
-      v8f s0 = {};
-      for (int64_t i = 0; i < dp; i += 8) s0 += load8(q + r * dp + i) * load8(k + i);
-      scores[r * sp + pos] = hsum(s0);
+    for (int r = p0 < R.first ? 0 : (p0 - R.first) * R.group; r < R.rows; ++r) {
+      const float* qr = q + r * dp;
+      v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
+      for (int64_t i = 0; i < dp; i += 8) {
+        const v8f x = load8(qr + i);
+        a0 += x * load8(k[0] + i);
+        a1 += x * load8(k[1] + i);
+        a2 += x * load8(k[2] + i);
+        a3 += x * load8(k[3] + i);
+        a4 += x * load8(k[4] + i);
+        a5 += x * load8(k[5] + i);
+        a6 += x * load8(k[6] + i);
+        a7 += x * load8(k[7] + i);
+      }
+      store8(scores + r * R.sp + p0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
     }
-   }
   }
-  // softmax numerators in place (positions a row does not see hold -inf, so exp gives 0)
-  float inv_sum[kMaxRows];
-  for (int r = 0; r < rows; ++r) {
-    float* s = scores + r * sp;
+  for (int r = 0; r < R.rows; ++r)  // the causal mask, the padding, and chunks a row skipped
+    std::fill(scores + r * R.sp + R.limit(r), scores + (r + 1) * R.sp, -std::numeric_limits<float>::infinity());
+}
+
+// softmax numerators in place (masked positions give exp(-inf) = 0); 1 / their sums into inv_sum
+INLINE void softmax(const Rows& R, float* scores, float* inv_sum) {
+  for (int r = 0; r < R.rows; ++r) {
+    float* s = scores + r * R.sp;
     v8f m = splat(-std::numeric_limits<float>::infinity());
-    for (int64_t p = 0; p < sp; p += 8) {
+    for (int64_t p = 0; p < R.sp; p += 8) {
       const v8f x = load8(s + p);
       m = x > m ? x : m;
     }
     float mx = m[0];
     for (int l = 1; l < 8; ++l) mx = std::max(mx, m[l]);
     v8f sum = {};
-    for (int64_t p = 0; p < sp; p += 8) {
+    for (int64_t p = 0; p < R.sp; p += 8) {
       const v8f e = exp8(load8(s + p) - mx);
       store8(s + p, e);
       sum += e;
     }
     inv_sum[r] = 1.0f / hsum(sum);
   }
-  // weighted sum: each V row once
-  for (int32_t b0 = 0; b0 < span; b0 += bs) {
-   const int64_t base = table[b0 / bs] * a.c_stride_b + head_off;
-   const int32_t b1 = static_cast<int32_t>(std::min<int64_t>(span, b0 + bs));
-   for (int32_t pos = b0; pos < b1; ++pos) {
-    const float* v = row(a.v_cache, base + (pos - b0) * a.c_stride_s);
-    for (int r = pos < first ? 0 : (pos - first) * group; r < rows; ++r) {
-      const v8f p = splat(scores[r * sp + pos]);
-      float* o = acc + r * dp;
-      for (int64_t i = 0; i < dp; i += 8) store8(o + i, load8(o + i) + p * load8(v + i));
+}
+
+// out rows r0..r0+NR, dims c0..c0+8*NC: sum over positions of p * V[pos], the accumulators in
+// registers. The first pass over V (prefetch) also fetches rows ahead.
+template <typename T, int NR, int NC>
+INLINE void pv(const Rows& R, const float* scores, const float* inv_sum, const T* const* vp, int64_t row_bytes,
+               int r0, int64_t c0, bool prefetch, float* o) {
+  v8f acc[NR][NC] = {};
+  const int32_t end = R.limit(r0 + NR - 1);
+  for (int32_t pos = 0; pos < end; ++pos) {
+    if (prefetch && pos + kAhead < end) prefetch_row(vp[pos + kAhead], row_bytes);
+    const T* v = vp[pos] + c0;
+    v8f x[NC];
+    for (int c = 0; c < NC; ++c) x[c] = ld(v + 8 * c);
+    for (int r = 0; r < NR; ++r) {
+      const v8f p = splat(scores[(r0 + r) * R.sp + pos]);
+      for (int c = 0; c < NC; ++c) acc[r][c] += p * x[c];
     }
-   }
   }
-  for (int t = 0; t < n_tok; ++t) {
-    const int64_t tok = q_start + it.tok_begin + t;
-    for (int g = 0; g < group; ++g) {
-      const int r = t * group + g;
-      const int64_t off = tok * a.o_stride_t + (it.kv_head * group + g) * a.o_stride_h;
-      const float* o = acc + r * dp;
-      if (a.dtype == kFloat32) {
-        float* dst = static_cast<float*>(a.out) + off;
-        for (int64_t i = 0; i < d; ++i) dst[i] = o[i] * inv_sum[r];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) store8(o + (r0 + r) * R.dp + c0 + 8 * c, acc[r][c] * inv_sum[r0 + r]);
+}
+
+template <typename T, int NR>
+INLINE void pv_rows(const Rows& R, const float* scores, const float* inv_sum, const T* const* vp,
+                    int64_t row_bytes, int r0, float* o) {
+  for (int64_t c0 = 0; c0 < R.dp; c0 += 32) {  // 32 dims (4 vectors) per pass
+    const bool pf = r0 == 0 && c0 == 0;
+    switch (std::min<int64_t>(4, (R.dp - c0) / 8)) {
+      case 4: pv<T, NR, 4>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
+      case 3: pv<T, NR, 3>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
+      case 2: pv<T, NR, 2>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
+      default: pv<T, NR, 1>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
+    }
+  }
+}
+
+struct Scratch {
+  std::vector<float> f;
+  std::vector<const void*> p;
+};
+
+// One item over cache rows of type T (the cache's own rows, or float32 copies when head_dim is not a
+// multiple of 8): kp/vp hold a pointer per position, the tail up to sp + 8 pointing at a zero row.
+template <typename T>
+INLINE void attend_rows(const Args& a, const Item& it, const Rows& R, const T* const* kp, const T* const* vp,
+                        int64_t row_bytes, float* q, float* scores, float* o, float* kbuf) {
+  float inv_sum[kMaxRows];
+  for (int j = 0; j < kAhead && j < R.span; ++j) prefetch_row(kp[j], row_bytes);
+  qk<T>(R, q, kp, row_bytes, scores, kbuf);
+  for (int j = 0; j < kAhead && j < R.span; ++j) prefetch_row(vp[j], row_bytes);
+  softmax(R, scores, inv_sum);
+  int r = 0;
+  for (; r + 2 <= R.rows; r += 2) pv_rows<T, 2>(R, scores, inv_sum, vp, row_bytes, r, o);
+  if (r < R.rows) pv_rows<T, 1>(R, scores, inv_sum, vp, row_bytes, r, o);
+  // o [rows, dp] -> the output, in its dtype
+  const int64_t d = a.head_dim;
+  const int32_t q_start = a.query_start_loc[it.seq];
+  for (int r2 = 0; r2 < R.rows; ++r2) {
+    const int64_t tok = q_start + it.tok_begin + r2 / R.group;
+    const int64_t off = tok * a.o_stride_t + (it.kv_head * R.group + r2 % R.group) * a.o_stride_h;
+    const float* src = o + r2 * R.dp;
+    if (a.dtype == kFloat32) {
+      float* dst = static_cast<float*>(a.out) + off;
+      if (d == R.dp) {
+        for (int64_t i = 0; i < d; i += 8) st(dst + i, load8(src + i));
       } else {
-        uint16_t* dst = static_cast<uint16_t*>(a.out) + off;
-        for (int64_t i = 0; i < d; ++i) dst[i] = float_to_bf16(o[i] * inv_sum[r]);
+        std::memcpy(dst, src, d * sizeof(float));
+      }
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(a.out) + off;
+      if (d == R.dp) {
+        for (int64_t i = 0; i < d; i += 8) st(dst + i, load8(src + i));
+      } else {
+        for (int64_t i = 0; i < d; ++i) dst[i] = float_to_bf16(src[i]);
       }
     }
   }
+}
+
+template <typename T>
+INLINE void attend_typed(const Args& a, const Item& it, Scratch& S) {
+  const int64_t d = a.head_dim;
+  Rows R;
+  R.group = static_cast<int>(a.num_heads / a.num_kv_heads);
+  const int32_t seq_len = a.seq_lens[it.seq];
+  const int32_t q_start = a.query_start_loc[it.seq];
+  const int32_t q_len = a.query_start_loc[it.seq + 1] - q_start;
+  const int n_tok = it.tok_end - it.tok_begin;
+  R.rows = n_tok * R.group;
+  R.first = seq_len - q_len + it.tok_begin;
+  R.span = R.first + n_tok;
+  R.dp = (d + 7) / 8 * 8;
+  R.sp = (R.span + 7) / 8 * 8;
+  const bool staged = d != R.dp;  // rows copied to zero-padded float32 rows first
+  const int64_t n_stage = staged ? 2 * R.span * R.dp : 0;
+
+  const size_t need = static_cast<size_t>(R.rows) * (2 * R.dp + R.sp) + 9 * R.dp + n_stage;
+  if (S.f.size() < need) S.f.resize(need);
+  float* q = S.f.data();                                      // [rows, dp], scaled
+  float* o = q + R.rows * R.dp;                               // [rows, dp]
+  float* scores = o + R.rows * R.dp;                          // [rows, sp]
+  float* zero = scores + static_cast<int64_t>(R.rows) * R.sp; // one zero row of dp floats
+  float* kbuf = zero + R.dp;                                  // one chunk of K rows as float32, [8, dp]
+  float* stage = kbuf + 8 * R.dp;                             // staged K then V rows, [2 * span, dp]
+  std::fill(zero, zero + R.dp, 0.0f);
+  const size_t n_ptr = 2 * static_cast<size_t>(R.sp + 8);
+  if (S.p.size() < n_ptr) S.p.resize(n_ptr);
+  const void** kp = S.p.data();
+  const void** vp = kp + R.sp + 8;
+
+  for (int t = 0; t < n_tok; ++t) {
+    const int64_t tok = q_start + it.tok_begin + t;
+    for (int g = 0; g < R.group; ++g) {
+      float* qr = q + (t * R.group + g) * R.dp;
+      const T* src = static_cast<const T*>(a.query) + tok * a.q_stride_t + (it.kv_head * R.group + g) * a.q_stride_h;
+      if (!staged) {
+        for (int64_t i = 0; i < d; i += 8) store8(qr + i, ld(src + i) * a.scale);
+      } else {
+        for (int64_t i = 0; i < R.dp; ++i) qr[i] = i < d ? a.scale * ld1(src[i]) : 0.0f;
+      }
+    }
+  }
+  // a pointer per position, block by block (no division per position)
+  const int32_t* table = a.block_tables + static_cast<int64_t>(it.seq) * a.bt_stride;
+  const T* kc = static_cast<const T*>(a.k_cache) + it.kv_head * a.c_stride_h;
+  const T* vc = static_cast<const T*>(a.v_cache) + it.kv_head * a.c_stride_h;
+  for (int32_t b0 = 0, blk = 0; b0 < R.span; b0 += static_cast<int32_t>(a.block_size), ++blk) {
+    const int64_t base = table[blk] * a.c_stride_b;
+    const int32_t b1 = static_cast<int32_t>(std::min<int64_t>(R.span, b0 + a.block_size));
+    for (int32_t pos = b0; pos < b1; ++pos) {
+      kp[pos] = kc + base + (pos - b0) * a.c_stride_s;
+      vp[pos] = vc + base + (pos - b0) * a.c_stride_s;
+    }
+  }
+  if (!staged) {
+    for (int32_t pos = R.span; pos < R.sp + 8; ++pos) kp[pos] = vp[pos] = zero;  // zero bits: 0 in bf16 too
+    attend_rows<T>(a, it, R, reinterpret_cast<const T* const*>(kp), reinterpret_cast<const T* const*>(vp),
+                   d * static_cast<int64_t>(sizeof(T)), q, scores, o, kbuf);
+    return;
+  }
+  for (int32_t pos = 0; pos < R.span; ++pos) {
+    float* ks = stage + pos * R.dp;
+    float* vs = stage + (R.span + pos) * R.dp;
+    for (int64_t i = 0; i < R.dp; ++i) {
+      ks[i] = i < d ? ld1(static_cast<const T*>(kp[pos])[i]) : 0.0f;
+      vs[i] = i < d ? ld1(static_cast<const T*>(vp[pos])[i]) : 0.0f;
+    }
+    kp[pos] = ks;
+    vp[pos] = vs;
+  }
+  for (int32_t pos = R.span; pos < R.sp + 8; ++pos) kp[pos] = vp[pos] = zero;
+  attend_rows<float>(a, it, R, reinterpret_cast<const float* const*>(kp), reinterpret_cast<const float* const*>(vp),
+                     R.dp * static_cast<int64_t>(sizeof(float)), q, scores, o, kbuf);
+}
+
+// One work item: (sequence, kv head, tile of query tokens). Built per CPU target (see SLOPILOT_CLONES).
+SLOPILOT_CLONES
+void attend_item(const Args& a, const Item& it, Scratch& s) {
+  if (a.dtype == kFloat32) {
+    attend_typed<float>(a, it, s);
+  } else {
+    attend_typed<uint16_t>(a, it, s);
+  }
+}
+
+// per-thread buffers kept across calls (OpenMP's pool threads persist), so a call allocates nothing
+Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
 void paged_attention(uintptr_t out, uintptr_t query, uintptr_t k_cache, uintptr_t v_cache,
@@ -290,13 +446,13 @@ void paged_attention(uintptr_t out, uintptr_t query, uintptr_t k_cache, uintptr_
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, n)));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> scratch;
+    Scratch& scratch = thread_scratch();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) attend_item(a, items[i], scratch);
   }
 #else
   (void)num_threads;
-  std::vector<float> scratch;
+  Scratch& scratch = thread_scratch();
   for (int64_t i = 0; i < n; ++i) attend_item(a, items[i], scratch);
 #endif
 }

@@ -73,6 +73,10 @@ CASES = [
     (4, 1, 128, 16, [90, 3], [35, 1]),  # GQA 4: chunk longer than one query tile, a decode
     (32, 1, 64, 16, [300, 2], [70, 2]),  # GQA 32: one token per tile
     (6, 2, 20, 16, [30, 9], [1, 9]),  # head 20: rows padded to the vector width, not read in place
+    (8, 2, 32, 5, [3, 41, 17], [1, 1, 17]),  # head 32, 5-token blocks: 8-position chunks span blocks
+    (12, 3, 40, 16, [50, 9], [1, 9]),  # head 40: a 32-dim pass and an 8-dim one
+    (6, 6, 24, 16, [30, 12], [1, 12]),  # head 24 (three vectors), GQA 1
+    (3, 1, 96, 16, [70, 21], [1, 21]),  # GQA 3: an odd row count, head 96
 ]
 
 
