@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine.model.bf16 import set_upcast, upcast_wanted
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 
@@ -94,13 +95,18 @@ def init_random(model: LlamaForCausalLM, seed: int) -> None:
 
 
 def build_model(cfg: ModelConfig, path: str | Path | None, device: torch.device | str, dtype: torch.dtype,
-                seed: int = 0) -> LlamaForCausalLM:
-    """Weights from the safetensors under path, or random ones from seed when path is None."""
+                seed: int = 0, bf16_matmul: str = "auto") -> LlamaForCausalLM:
+    """Weights from the safetensors under path, or random ones from seed when path is None.
+
+    bf16_matmul: "auto" computes a bf16 model's matmuls in float32 on a CPU without native bf16
+    (see engine/model/bf16.py); "native" or "upcast" force one way."""
     device = torch.device(device)
+    upcast = upcast_wanted(bf16_matmul, dtype, device)
     model = _empty_model(cfg, device, dtype)
     if path is None:
         init_random(model, seed)
     else:
         load_weights(model, path)
     model.init_rope(device)
+    set_upcast(model, upcast)
     return model.eval()
