@@ -252,7 +252,7 @@ POLICY = {
                     "trendWindowSeconds": {"type": "number", "exclusiveMinimum": 0},
                     "burstRise": {"type": "number", "minimum": 0},
                     "burstZ": {"type": "number", "minimum": 0},
-                    "burstSlope": {"enum": ["trend", "last"]},
+                    "burstSlope": {"enum": ["trend", "last", "onset"]},
                     "dropOnFall": {"type": "boolean"},
                     # fast router signals: PromQL for the arrival counter and the gateway queue
                     "arrivalsQuery": {"type": "string"},

@@ -19,7 +19,10 @@ long trend). With burst_slope "last" the burst forecast is the larger of that tr
 polling interval's slope: a trailing-window rate rises slowest at a burst's start, so a fit over older
 samples under-sizes the first order. With drop_on_fall, when the short trend falls and the rate is
 below the long trend's fit (a burst's tail, which the long window still extrapolates upward), the
-policy provisions for the rate now instead of ordering replicas that would start after the burst. A
+policy provisions for the rate now instead of ordering replicas that would start after the burst. With
+burst_slope "onset" the burst forecast is a line through the samples since the burst's onset (the
+last sample at or below the long trend), so the first order follows the whole rise so far rather than
+one noisy interval. A
 queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits
 scaleDownDelay seconds (the highest recommendation of that window wins), like the HPA's stabilization.
 Spec names: trendWindowSeconds, burstRise, burstZ, burstSlope, dropOnFall.
@@ -183,6 +186,23 @@ def linear_forecast(samples: list[list[float]], at: float) -> float | None:
     return mv + slope * (at - mt)
 
 
+def onset_ramp(rates: list[list[float]], past: list[list[float]]) -> list[list[float]]:
+    """The samples since the rate last sat at or below the trend (a line fit over `past`): a burst's own
+    ramp, from its onset. A line through them sizes a burst with the slope of its whole rise so far,
+    where the last interval's slope, read just as the rate clears the noise test, is mostly that noise."""
+    n = len(past)
+    if n < 3:
+        return []
+    mt = sum(r[0] for r in past) / n
+    mv = sum(r[1] for r in past) / n
+    var = sum((r[0] - mt) ** 2 for r in past)
+    slope = sum((r[0] - mt) * (r[1] - mv) for r in past) / var if var > 0 else 0.0
+    i = len(rates)
+    while i > 0 and rates[i - 1][1] > mv + slope * (rates[i - 1][0] - mt):
+        i -= 1
+    return rates[max(i - 1, 0):]
+
+
 def spread(samples: list[list[float]]) -> float:
     """Root-mean-square residual of [time, value] samples around their least-squares line."""
     if len(samples) < 3:
@@ -235,8 +255,9 @@ class SloModelPolicy(Policy):
         self.startup_delay, self.margin, self.forecast_window = startup_delay, margin, forecast_window
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
         self.drain_seconds, self.trend_window, self.burst_rise = drain_seconds, trend_window, burst_rise
-        if burst_slope not in ("trend", "last"):
-            raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend or last, not {burst_slope!r}")
+        if burst_slope not in ("trend", "last", "onset"):
+            raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend, last or onset, not "
+                             f"{burst_slope!r}")
         self.burst_z, self.burst_slope, self.drop_on_fall = burst_z, burst_slope, drop_on_fall
         self.arrivals_query, self.queue_query, self.fast_window = arrivals_query, queue_query, fast_window
         self.batch_arrivals_query, self.batch_queue_query = batch_arrivals_query, batch_queue_query
@@ -322,7 +343,15 @@ class SloModelPolicy(Policy):
                 ahead = self.season_weight * seasonal + (1.0 - self.season_weight) * ahead
         short = [r for r in self.rates if r[0] > now - self.trend_window - 1e-9]
         burst = linear_forecast(short, at) or 0.0
-        if self.burst_slope == "last" and len(self.rates) >= 2:
+        past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
+        base = linear_forecast(past, now) if settled else None
+        if self.burst_slope == "onset" and base is not None:  # the trend before the short window's samples
+            ramp = onset_ramp(self.rates, [r for r in past if r[0] <= now - self.trend_window] or past)
+        else:
+            ramp = []
+        if len(ramp) >= 3:
+            burst = max(burst, linear_forecast(ramp, at) or 0.0)
+        elif self.burst_slope != "trend" and len(self.rates) >= 2:
             # the last polling interval's slope; with fast signals, over one fast window (the rates of
             # consecutive polls overlap and their difference is mostly noise)
             gap = self.fast_window if fast is not None else 0.0
@@ -330,8 +359,6 @@ class SloModelPolicy(Policy):
             (t0, r0) = next((r for r in reversed(self.rates[:-1]) if r[0] <= t1 - gap + 1e-9), self.rates[-2])
             if t1 > t0:
                 burst = max(burst, r1 + (r1 - r0) / (t1 - t0) * (at - t1))
-        past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
-        base = linear_forecast(past, now) if settled else None
         if (
             burst > rate * (1.0 + self.burst_rise)
             and base is not None

@@ -150,3 +150,40 @@ def test_simulated_router_exports_its_counters_at_its_own_interval(tmp_path):
     # the policy read the counter: its rate samples are the counter's, not the 60-s rate's
     policy = fleet.pools[0].policy.policy
     assert policy.counts and policy.rates[-1][1] == pytest.approx(6.0 * 0.7, rel=0.5)
+
+
+def test_onset_ramp_is_the_samples_since_the_rate_left_the_trend():
+    from autoscaler.slo_model import onset_ramp
+
+    flat = [[float(t), 8.0] for t in range(0, 300, 5)]
+    ramp = [[float(t), 8.0 + 0.2 * (t - 295)] for t in range(300, 340, 5)]
+    rates = flat + ramp
+    got = onset_ramp(rates, flat)
+    assert got[0] == flat[-1] and got[1:] == ramp  # from the last sample at or below the trend
+    noisy = [[float(t), 8.0 + (0.5 if t % 10 else -0.5)] for t in range(0, 300, 5)]
+    assert len(onset_ramp(noisy, noisy[:-1])) <= 2  # no burst: at most the last sample is above it
+
+
+def test_onset_slope_sizes_a_noisy_burst_nearer_its_ramp_than_the_last_interval():
+    """The same noisy ramps, read by burstSlope last and onset: the onset line's first orders scatter
+    less around what the ramp itself extrapolates to, and never exceed last's by much on average."""
+    errors = {"last": [], "onset": []}
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        pols = {k: fast(burst_slope=k) for k in errors}
+        count = 0.0
+        orders = {k: None for k in errors}
+        for t in range(0, 700, 5):
+            true = 8.0 if t < 600 else 8.0 * (1 + 2 * min((t - 600) / 120, 1))
+            count += float(rng.poisson(true * 5))
+            for k, p in pols.items():
+                d = p.demand(obs(t, 8.0, count))
+                if orders[k] is None and t >= 600 and d > 1.3 * 8.0:
+                    orders[k] = (t, d)
+        for k, (t, d) in ((k, v) for k, v in orders.items() if v is not None):
+            # the ramp's own rate a startup delay and a poll ahead (24 at most: the plateau)
+            truth = 8.0 * (1 + 2 * min((t + 125 - 600) / 120, 1))
+            errors[k].append(d - truth)
+    assert len(errors["onset"]) >= 10 and len(errors["last"]) >= 10
+    assert np.std(errors["onset"]) < np.std(errors["last"])
+

@@ -92,6 +92,20 @@ SPEC_MEANINGS = {
     "spec.policy.ratio": "the llm-d SLO ratio law on the measured TTFT/TPOT percentiles",
     "spec.policy.sloModel": "model-based SLO headroom: predicts latency from the load with a latency model",
     "spec.policy.kpa": "Knative's KPA on concurrency or request rate",
+    "spec.policy.sloModel.burstSlope": ("the burst forecast's slope: the short trend's, the last "
+                                        "interval's (last), or a line through the samples since the "
+                                        "burst's onset (onset)"),
+    "spec.policy.sloModel.arrivalsQuery": ("PromQL for the router's arrival counter: the rate now and the "
+                                           "burst test read its rise (fast signals; without it the 60-s "
+                                           "rate)"),
+    "spec.policy.sloModel.queueQuery": "PromQL for the router's gateway queue, added to the backlog",
+    "spec.policy.sloModel.fastWindowSeconds": "the arrival counter's rise over this window is the rate now",
+    "spec.policy.sloModel.seasonPeriodSeconds": "learn a time-of-day profile of this period (0: none)",
+    "spec.policy.sloModel.batchArrivalsQuery": ("PromQL for the batch band's arrival counter: batch is "
+                                                "provisioned at its mean rate, not its bursts"),
+    "spec.policy.sloModel.batchQueueQuery": "PromQL for the batch band's gateway queue",
+    "spec.policy.sloModel.batchDeadlineSeconds": ("the batch band's queue is provisioned to drain in half "
+                                                  "of this"),
     "spec.triggers[].metadata.query": "the PromQL query whose value is the metric",
     "spec.triggers[].metadata.threshold": "target value per replica (AverageValue) or in total (Value)",
     "spec.triggers[].metadata.activationThreshold": "the scaler is active above this value",
