@@ -170,21 +170,98 @@ def compare_backends(backends: list[str], dtypes: list[str], repeats: int, seed:
             print(f"  {name:15s} {dtype:9s} {cells}{ratio}")
 
 
-def run_vllm(model_dir: str, prompts, outs, seqs: tuple[int, ...], repeats: int) -> dict[int, list[float]]:
-    """Real vLLM on the same model directory and requests: output tokens/s per max_num_seqs."""
+def run_vllm(model_dir: str, runs: list[dict], dtype: str, repeats: int, llm_kwargs: dict | None = None,
+             seed: int = 0) -> dict:
+    """Real vLLM on the same model directory, in its own environment: runs are {"name", "prompts",
+    "outputs", "max_num_seqs"}; returns bench/vllm_throughput.py's JSON (tok/s per run name)."""
     cache = ROOT / "build" / "vllm-cache"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
                TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    spec = {"model": model_dir, "prompts": prompts, "outputs": list(outs), "max_num_seqs": list(seqs),
-            "repeats": repeats, "max_num_batched_tokens": 2048,
-            "max_model_len": MODEL["max_position_embeddings"]}
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")
+    spec = {"model": model_dir, "dtype": dtype, "repeats": repeats, "runs": runs,
+            "warmup": warmup_prompts(seed), "llm": llm_kwargs or {}}
     path = Path(model_dir) / "vllm-spec.json"
     path.write_text(json.dumps(spec))
     done = subprocess.run([str(VLLM_PY), str(ROOT / "bench" / "vllm_throughput.py"), str(path)], env=env,
                           cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
-    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def warmup_prompts(seed: int) -> list[list[int]]:
+    """Four short prompts no workload shares a prefix with (so the warm-up fills no prefix cache)."""
+    rng = random.Random(seed + 1000)
+    return [[rng.randrange(3, MODEL["vocab_size"]) for _ in range(24)] for _ in range(4)]
+
+
+def ours_once(model_dir: str, prompts, outs, dtype: str, seed: int) -> tuple[float, float, str]:
+    """Ours as a user would run it, LLM(max_num_seqs=256) with the dtype: output tokens per wall
+    second and per CPU second of this process, and the attention backend auto picked."""
+    llm = LLM(model_dir, max_num_seqs=256, dtype=dtype)
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
+    llm.generate(warmup_prompts(seed), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    t, c = time.perf_counter(), time.process_time()
+    results = llm.generate(prompts, params)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    assert [len(r.token_ids) for r in results] == list(outs)
+    return sum(outs) / wall, sum(outs) / cpu, llm.engine.runner.backend.name
+
+
+def compare_vllm(dtypes: list[str], repeats: int, seed: int, only: list[str] | None, limit: int | None,
+                 json_path: str | None) -> None:
+    """Ours against vLLM (its defaults but max_num_seqs 256 and the dtype) on the three workloads:
+    each repeat runs, per dtype, ours on all three then vLLM on all three (one vLLM start), or the
+    other way round on odd repeats, so a drift in the machine's load favours neither."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(LlamaConfig(**MODEL)).eval()
+    loads = {k: (p[:limit], o[:limit]) for k, (p, o) in workloads(seed).items()
+             if not only or any(x in k for x in only)}
+    runs: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}  # -> [(tok/s, per CPU-s, load)]
+    info: dict[str, object] = {"ours torch threads": torch.get_num_threads()}
+
+    def record(name: str, dtype: str, engine: str, wall: float, cpu: float) -> None:
+        load = os.getloadavg()[0]
+        runs.setdefault((name, dtype, engine), []).append((wall, cpu, load))
+        print(f"  {name:15s} {dtype:9s} {engine:5s} {wall:7.0f} tok/s ({cpu:6.0f} per CPU-s), "
+              f"load {load:.1f}", flush=True)
+
+    def ours(dtype: str) -> None:
+        for name, (prompts, outs) in loads.items():
+            wall, cpu, info["ours attention backend"] = ours_once(d, prompts, outs, dtype, seed)
+            record(name, dtype, "ours", wall, cpu)
+
+    def vllm(dtype: str) -> None:
+        specs = [{"name": k, "prompts": p, "outputs": o, "max_num_seqs": 256} for k, (p, o) in loads.items()]
+        got = run_vllm(d, specs, dtype, 1, seed=seed)
+        info["vLLM max_num_batched_tokens"] = got["max_num_batched_tokens"]["256"]
+        for name, r in got["runs"].items():
+            record(name, dtype, "vllm", r["tok_s"][0], r["cpu_tok_s"][0])
+
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)  # both engines load this directory
+        for r in range(repeats):
+            for dtype in dtypes:
+                for engine in ((ours, vllm) if r % 2 == 0 else (vllm, ours)):
+                    engine(dtype)
+    print(f"\nmedian output tokens/s over {repeats} interleaved runs (per CPU-second in brackets); "
+          + ", ".join(f"{k} {v}" for k, v in info.items()))
+    medians = []
+    for name in loads:
+        for dtype in dtypes:
+            (ow, oc), (vw, vc) = [[statistics.median(x[i] for x in runs[name, dtype, e]) for i in (0, 1)]
+                                  for e in ("ours", "vllm")]
+            medians.append({"workload": name, "dtype": dtype, "requests": len(loads[name][1]),
+                            "ours": ow, "vllm": vw, "ratio": ow / vw,
+                            "ours_per_cpu_s": oc, "vllm_per_cpu_s": vc, "cpu_ratio": oc / vc})
+            print(f"  {name:15s} {dtype:9s} ours {ow:7.0f} [{oc:6.0f}]  vLLM {vw:7.0f} [{vc:6.0f}]  "
+                  f"ours/vLLM {ow / vw:.2f}x [{oc / vc:.2f}x]")
+    if json_path:
+        rows = [{"workload": n, "dtype": t, "engine": e, "tok_s": w, "per_cpu_s": c, "load": ld}
+                for (n, t, e), xs in runs.items() for w, c, ld in xs]
+        Path(json_path).write_text(json.dumps({"argv": sys.argv, "repeats": repeats, "info": info,
+                                               "medians": medians, "runs": rows}, indent=1))
 
 
 def run_hf(model, prompts, outs, batch: int) -> float:
@@ -210,8 +287,13 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers (ours against vLLM only)")
     ap.add_argument("--backends", help="compare attention backends instead (e.g. torch,cpu) on the three "
                                        "engine workloads (64x100->32, 256x100->128, azure/8 x256)")
-    ap.add_argument("--dtypes", default="float32", help="with --backends: e.g. float32,bfloat16")
-    ap.add_argument("--workloads", help="with --backends: only workloads whose name contains one of these")
+    ap.add_argument("--dtypes", default="float32", help="with --backends or --vllm: e.g. float32,bfloat16")
+    ap.add_argument("--workloads", help="with --backends or --vllm: only workloads whose name contains one "
+                                        "of these")
+    ap.add_argument("--vllm", action="store_true", help="ours against vLLM on the three engine workloads "
+                    "(max_num_seqs 256), per --dtypes, runs interleaved")
+    ap.add_argument("--limit", type=int, help="with --vllm: only the first LIMIT requests of each workload")
+    ap.add_argument("--json", help="with --vllm: write the runs and medians to this file")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--profile-decode", type=int, metavar="STEPS",
                     help="with --backends: cProfile this many decode steps of 256 sequences per backend")
@@ -220,6 +302,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.backends and args.profile_decode:
         profile_decode(args.backends.split(","), args.dtypes.split(",")[0], args.profile_decode, args.seed)
+        return
+    if args.vllm:
+        compare_vllm(args.dtypes.split(","), args.repeats, args.seed,
+                     args.workloads.split(",") if args.workloads else None, args.limit, args.json)
         return
     if args.backends:
         compare_backends(args.backends.split(","), args.dtypes.split(","), args.repeats, args.seed,
@@ -249,8 +335,11 @@ def main() -> None:
                   + f"; load {os.getloadavg()[0]:.1f}", flush=True)
         vllm = not args.no_vllm and VLLM_PY.exists()
         if vllm:
-            for b, v in run_vllm(d, prompts, outs, (16, 64), args.repeats).items():
-                results[f"vllm_seqs{b}"] = v
+            runs = [{"name": f"vllm_seqs{b}", "prompts": prompts, "outputs": outs, "max_num_seqs": b}
+                    for b in (16, 64)]
+            llm_kwargs = {"max_num_batched_tokens": 2048, "max_model_len": MODEL["max_position_embeddings"]}
+            got = run_vllm(d, runs, "float32", args.repeats, llm_kwargs, args.seed)
+            results.update((name, r["tok_s"]) for name, r in got["runs"].items())
         elif not args.no_vllm:
             print(f"no {VLLM_PY} (`make vllm` builds it): no vLLM row")
     med = {k: statistics.median(v) for k, v in results.items()}

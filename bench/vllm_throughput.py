@@ -3,15 +3,32 @@ bench/engine_throughput.py with the vLLM environment's Python, never imported by
 
     .venv-vllm/bin/python bench/vllm_throughput.py SPEC.json
 
-SPEC.json: {"model": DIR, "prompts": [[ids]], "outputs": [n], "max_num_seqs": [16, 64], "repeats": 3,
-"max_num_batched_tokens": 2048, "max_model_len": 1024}. Prints one JSON line: {"16": [tok/s, ...], ...}.
+SPEC.json: {"model": DIR, "dtype": "float32", "repeats": 1, "warmup": [[ids]], "llm": {extra LLM
+keyword arguments}, "runs": [{"name": str, "prompts": [[ids]], "outputs": [n], "max_num_seqs": n}]}.
+Runs sharing a max_num_seqs share one `vllm.LLM`, built once (in the runs' order). Prints one JSON
+line: {"runs": {name: {"tok_s": [...], "cpu_tok_s": [...]}}, "max_num_batched_tokens": {seqs: n}}.
+CPU time is this process's and its children's (vLLM's engine core and workers), user + system.
 The model directory needs no tokenizer: prompts are token ids and nothing is detokenized.
 """
 
 import json
-import os
 import sys
 import time
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and all its live descendants."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def main() -> None:
@@ -19,27 +36,31 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-              for n in spec["outputs"]]
-    out = {}
-    for seqs in spec["max_num_seqs"]:
-        llm = LLM(spec["model"], skip_tokenizer_init=True, dtype="float32", max_num_seqs=seqs,
-                  max_num_batched_tokens=spec["max_num_batched_tokens"], max_model_len=spec["max_model_len"],
-                  seed=0)
-        llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
-        for _ in range(spec["repeats"]):
-            t = time.perf_counter()
-            results = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - t
-            got = [len(r.outputs[0].token_ids) for r in results]
-            assert got == spec["outputs"], "vLLM generated other lengths than asked"
-            out.setdefault(str(seqs), []).append(sum(got) / elapsed)
-            load = os.getloadavg()[0]
-            print(f"  vllm max_num_seqs {seqs}: {out[str(seqs)][-1]:.0f} tok/s, load {load:.1f}",
-                  file=sys.stderr, flush=True)
+    def requests(prompts, outputs):
+        return ([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+                 for n in outputs])
+
+    warmup = requests(spec["warmup"], [8] * len(spec["warmup"]))
+    out, budgets = {}, {}
+    for seqs in dict.fromkeys(r["max_num_seqs"] for r in spec["runs"]):
+        llm = LLM(spec["model"], skip_tokenizer_init=True, dtype=spec["dtype"], max_num_seqs=seqs, seed=0,
+                  **spec.get("llm", {}))
+        budgets[seqs] = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        llm.generate(*warmup, use_tqdm=False)
+        for run in (r for r in spec["runs"] if r["max_num_seqs"] == seqs):
+            prompts, params = requests(run["prompts"], run["outputs"])
+            for _ in range(spec["repeats"]):
+                t, c = time.perf_counter(), cpu_seconds()
+                results = llm.generate(prompts, params, use_tqdm=False)
+                elapsed, cpu = time.perf_counter() - t, cpu_seconds() - c
+                got = [len(r.outputs[0].token_ids) for r in results]
+                assert got == run["outputs"], "vLLM generated other lengths than asked"
+                res = out.setdefault(run["name"], {"tok_s": [], "cpu_tok_s": []})
+                res["tok_s"].append(sum(got) / elapsed)
+                res["cpu_tok_s"].append(sum(got) / cpu)
         del llm
-    print(json.dumps(out), flush=True)
+    print(json.dumps({"runs": out, "max_num_batched_tokens": budgets}), flush=True)
 
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this module again
