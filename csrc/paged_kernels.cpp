@@ -241,38 +241,57 @@ INLINE void softmax(const Rows& R, float* scores, float* inv_sum) {
   }
 }
 
-// out rows r0..r0+NR, dims c0..c0+8*NC: sum over positions of p * V[pos], the accumulators in
-// registers. The first pass over V (prefetch) also fetches rows ahead.
-template <typename T, int NR, int NC>
-INLINE void pv(const Rows& R, const float* scores, const float* inv_sum, const T* const* vp, int64_t row_bytes,
-               int r0, int64_t c0, bool prefetch, float* o) {
-  v8f acc[NR][NC] = {};
-  const int32_t end = R.limit(r0 + NR - 1);
-  for (int32_t pos = 0; pos < end; ++pos) {
-    if (prefetch && pos + kAhead < end) prefetch_row(vp[pos + kAhead], row_bytes);
-    const T* v = vp[pos] + c0;
+// o[r0..r0+NR, c0..c0+8*NC] += sum over the eight positions of the chunk of p * V[pos]
+template <int NR, int NC>
+INLINE void pv_tile(const Rows& R, const float* scores, const float* const* v, int32_t p0, int r0, int64_t c0,
+                    float* o) {
+  v8f acc[NR][NC];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = load8(o + (r0 + r) * R.dp + c0 + 8 * c);
+  for (int j = 0; j < 8; ++j) {
     v8f x[NC];
-    for (int c = 0; c < NC; ++c) x[c] = ld(v + 8 * c);
+    for (int c = 0; c < NC; ++c) x[c] = load8(v[j] + c0 + 8 * c);
     for (int r = 0; r < NR; ++r) {
-      const v8f p = splat(scores[(r0 + r) * R.sp + pos]);
+      const v8f p = splat(scores[(r0 + r) * R.sp + p0 + j]);
       for (int c = 0; c < NC; ++c) acc[r][c] += p * x[c];
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < NC; ++c) store8(o + (r0 + r) * R.dp + c0 + 8 * c, acc[r][c] * inv_sum[r0 + r]);
+    for (int c = 0; c < NC; ++c) store8(o + (r0 + r) * R.dp + c0 + 8 * c, acc[r][c]);
 }
 
-template <typename T, int NR>
-INLINE void pv_rows(const Rows& R, const float* scores, const float* inv_sum, const T* const* vp,
-                    int64_t row_bytes, int r0, float* o) {
-  for (int64_t c0 = 0; c0 < R.dp; c0 += 32) {  // 32 dims (4 vectors) per pass
-    const bool pf = r0 == 0 && c0 == 0;
+template <int NR>
+INLINE void pv_rows(const Rows& R, const float* scores, const float* const* v, int32_t p0, int r0, float* o) {
+  for (int64_t c0 = 0; c0 < R.dp; c0 += 32) {  // 32 dims (4 vectors) per tile
     switch (std::min<int64_t>(4, (R.dp - c0) / 8)) {
-      case 4: pv<T, NR, 4>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
-      case 3: pv<T, NR, 3>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
-      case 2: pv<T, NR, 2>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
-      default: pv<T, NR, 1>(R, scores, inv_sum, vp, row_bytes, r0, c0, pf, o); break;
+      case 4: pv_tile<NR, 4>(R, scores, v, p0, r0, c0, o); break;
+      case 3: pv_tile<NR, 3>(R, scores, v, p0, r0, c0, o); break;
+      case 2: pv_tile<NR, 2>(R, scores, v, p0, r0, c0, o); break;
+      default: pv_tile<NR, 1>(R, scores, v, p0, r0, c0, o); break;
     }
+  }
+}
+
+// o [rows, dp] = sum over positions of p * V[pos], eight positions at a time: each V row is read from
+// memory (and converted, for bf16) once, then used by every row from L1; masked positions have p = 0.
+template <typename T>
+INLINE void pv(const Rows& R, const float* scores, const T* const* vp, int64_t row_bytes, float* vbuf, float* o) {
+  std::fill(o, o + R.rows * R.dp, 0.0f);
+  const int32_t end = R.limit(R.rows - 1);
+  for (int32_t p0 = 0; p0 < end; p0 += 8) {
+    for (int j = 0; j < 8 && p0 + kAhead + j < end; ++j) prefetch_row(vp[p0 + kAhead + j], row_bytes);
+    const float* v[8];
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (sizeof(T) == sizeof(float)) {
+        v[j] = reinterpret_cast<const float*>(vp[p0 + j]);
+      } else {
+        for (int64_t i = 0; i < R.dp; i += 8) store8(vbuf + j * R.dp + i, ld(vp[p0 + j] + i));
+        v[j] = vbuf + j * R.dp;
+      }
+    }
+    int r = p0 < R.first ? 0 : (p0 - R.first) * R.group;  // rows that see some position of the chunk
+    for (; r + 2 <= R.rows; r += 2) pv_rows<2>(R, scores, v, p0, r, o);
+    if (r < R.rows) pv_rows<1>(R, scores, v, p0, r, o);
   }
 }
 
@@ -291,16 +310,15 @@ INLINE void attend_rows(const Args& a, const Item& it, const Rows& R, const T* c
   qk<T>(R, q, kp, row_bytes, scores, kbuf);
   for (int j = 0; j < kAhead && j < R.span; ++j) prefetch_row(vp[j], row_bytes);
   softmax(R, scores, inv_sum);
-  int r = 0;
-  for (; r + 2 <= R.rows; r += 2) pv_rows<T, 2>(R, scores, inv_sum, vp, row_bytes, r, o);
-  if (r < R.rows) pv_rows<T, 1>(R, scores, inv_sum, vp, row_bytes, r, o);
+  pv<T>(R, scores, vp, row_bytes, kbuf, o);
   // o [rows, dp] -> the output, in its dtype
   const int64_t d = a.head_dim;
   const int32_t q_start = a.query_start_loc[it.seq];
   for (int r2 = 0; r2 < R.rows; ++r2) {
     const int64_t tok = q_start + it.tok_begin + r2 / R.group;
     const int64_t off = tok * a.o_stride_t + (it.kv_head * R.group + r2 % R.group) * a.o_stride_h;
-    const float* src = o + r2 * R.dp;
+    float* src = o + r2 * R.dp;
+    for (int64_t i = 0; i < R.dp; i += 8) store8(src + i, load8(src + i) * inv_sum[r2]);
     if (a.dtype == kFloat32) {
       float* dst = static_cast<float*>(a.out) + off;
       if (d == R.dp) {
