@@ -108,7 +108,8 @@ async def run_rate(router: str, engines: list[str], rate: float, duration: float
 
 
 def http_stack() -> str:
-    """The event loop and HTTP parser uvicorn's "auto" picks in the spawned processes (same env)."""
+    """The event loop and HTTP parser in the spawned processes (same env): uvicorn's "auto" picks in
+    the engines; the router's own server takes uvloop when installed and always httptools."""
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     return f"{loop} + {http}"
@@ -159,7 +160,8 @@ def main() -> None:
         rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), [])])
         procs.append(rproc)
         print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid}; streaming, "
-              f"4 output tokens; uvicorn on {http_stack()}; {os.cpu_count()} CPUs; "
+              f"4 output tokens; engines on uvicorn, router on its own server; {http_stack()}; "
+              f"{os.cpu_count()} CPUs; "
               f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(HEADER)
         runs: dict[float, list[dict]] = {rate: [] for rate in args.rates}

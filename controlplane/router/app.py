@@ -1,9 +1,9 @@
-"""The router's HTTP API, a plain ASGI app: OpenAI completions and chat proxied to the picked endpoint,
-/v1/models (the union over endpoints), /health, /metrics.
+"""The router's HTTP API on its own HTTP server (controlplane.router.http): OpenAI completions and chat
+proxied to the picked endpoint, /v1/models (the union over endpoints), /health, /metrics.
 
-Plain ASGI rather than a framework: a routed request is one JSON parse, a few header reads and the
-upstream call, and a framework's middleware layers (routing, body-size checks, exception handlers,
-telemetry) cost more CPU per request than the router's own work.
+No framework and no ASGI: a routed request is one JSON parse, a few header reads and the upstream
+call, and a streamed answer is relayed from the upstream client's callbacks straight to the
+client's socket (controlplane.router.proxy).
 
 Headers read: `authorization` (checked when the router has an API key; passed on as is unless an
 upstream key replaces it), `x-slopilot-priority` (a band's priority or name),
@@ -25,15 +25,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.router.config import RouterConfig
 from controlplane.router.gate import Gate, Pending, Refused
+from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
-from controlplane.router.proxy import error_body, forward, forward_headers, respond
+from controlplane.router.proxy import error_body, forward, forward_headers
 from controlplane.router.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("slopilot.router")
 
-MAX_BODY_BYTES = 4 * 2**20
 PRIORITY_HEADER = "x-slopilot-priority"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 PROXIED = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
@@ -54,7 +54,7 @@ class RouterState:
 
 
 class RouterApp:
-    """The ASGI app; `state.router` is the RouterState (pool, gate, metrics)."""
+    """The request handler and its lifespan; `state.router` is the RouterState (pool, gate, metrics)."""
 
     def __init__(self, st: RouterState):
         self.st = st
@@ -75,47 +75,28 @@ class RouterApp:
         await self._task
         self.st.upstream.close()
 
-    async def lifespan(self, receive, send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
     # -- requests --------------------------------------------------------------------------------
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await self.lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
+    async def handle(self, req: Request, conn: Connection) -> None:
+        path, method = req.path, req.method
         try:
             if method not in (("POST",) if path in PROXIED else ("GET", "HEAD")):
-                return await json_error(send, 405, f"{method} is not allowed on {path}", "BadRequestError")
+                return json_error(conn, 405, f"{method} is not allowed on {path}", "BadRequestError")
             if path in PROXIED:
-                return await self.proxied(scope, receive, send, path)
+                return await self.proxied(req, conn)
             if path == "/v1/models":
-                return await self.models(scope, send)
+                return await self.models(req, conn)
             if path == "/health":
-                return await self.health(send)
+                return self.health(req, conn)
             if path == "/metrics":
                 st = self.st
                 st.pool.publish()
                 st.gate.publish()
-                return await respond(send, 200, generate_latest(st.metrics.registry),
-                                     [(b"content-type", CONTENT_TYPE_LATEST.encode())])
-            return await json_error(send, 404, f"no route {path}", "NotFoundError")
+                return conn.respond(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+                                    generate_latest(st.metrics.registry), head_only=method == "HEAD")
+            return json_error(conn, 404, f"no route {path}", "NotFoundError")
         except Exception:  # a bug: an answer, and the traceback in the log
             log.exception("router error on %s %s", method, path)
-            return await json_error(send, 500, "internal router error", "InternalServerError")
+            return json_error(conn, 500, "internal router error", "InternalServerError")
 
     def unauthorized(self, headers: dict[str, str]) -> bool:
         expected = self.st.expected_auth
@@ -123,45 +104,43 @@ class RouterApp:
             return False
         return not hmac.compare_digest(headers.get("authorization", "").encode(), expected)
 
-    async def proxied(self, scope, receive, send, path: str) -> None:
+    async def proxied(self, req: Request, conn: Connection) -> None:
         st, cfg = self.st, self.st.cfg
-        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in req.headers}
         if self.unauthorized(h):
-            return await json_error(send, 401, "invalid or missing API key", "AuthenticationError")
-        body = await read_body(receive)
-        if body is None:
-            return  # the client went away
-        if len(body) > MAX_BODY_BYTES:
-            return await json_error(send, 413, f"request body over {MAX_BODY_BYTES} bytes", "BadRequestError")
+            return json_error(conn, 401, "invalid or missing API key", "AuthenticationError")
+        if req.too_large:
+            return json_error(conn, 413, f"request body over {MAX_BODY_BYTES} bytes", "BadRequestError")
+        body = req.body
         try:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return await json_error(send, 400, f"malformed JSON body: {exc}", "BadRequestError")
+            return json_error(conn, 400, f"malformed JSON body: {exc}", "BadRequestError")
         if not isinstance(data, dict):
-            return await json_error(send, 400, "the body must be a JSON object", "BadRequestError")
+            return json_error(conn, 400, "the body must be a JSON object", "BadRequestError")
         model = str(data.get("model") or "")
         try:
             priority = st.gate.priority(h.get(OBJECTIVE_HEADER), model, h.get(PRIORITY_HEADER))
         except Refused as exc:
-            return await json_error(send, exc.status, str(exc), exc.kind)
+            return json_error(conn, exc.status, str(exc), exc.kind)
         st.metrics.arrived(model, priority)
-        hashes, tokens = st.reader.read(request_prompt(data, PROXIED[path]))
+        hashes, tokens = st.reader.read(request_prompt(data, PROXIED[req.path]))
         p = Pending(hashes, tokens, h.get(cfg.session_header), priority, model, time.monotonic())
         try:
             await st.gate.acquire(p)
-            headers = forward_headers(scope["headers"], st.upstream_key)
+            headers = forward_headers(req.headers, st.upstream_key)
             streaming = bool(data.get("stream"))
-            await forward(st.gate, st.upstream, p, path, body, headers, streaming, send, receive)
+            await forward(st.gate, st.upstream, p, req.path, body, headers, streaming, conn)
         except Refused as exc:
             st.metrics.errors.labels(model, str(priority), str(exc.status)).inc()
-            await json_error(send, exc.status, str(exc), exc.kind)
+            json_error(conn, exc.status, str(exc), exc.kind)
 
-    async def models(self, scope, send) -> None:
+    async def models(self, req: Request, conn: Connection) -> None:
         st = self.st
-        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in req.headers}
         if self.unauthorized(h):
-            return await json_error(send, 401, "invalid or missing API key", "AuthenticationError")
-        headers = forward_headers(scope["headers"], st.upstream_key)
+            return json_error(conn, 401, "invalid or missing API key", "AuthenticationError")
+        headers = forward_headers(req.headers, st.upstream_key)
 
         async def one(url: str) -> list[dict]:
             try:
@@ -175,37 +154,23 @@ class RouterApp:
             for model in data:
                 if isinstance(model, dict) and "id" in model:
                     seen.setdefault(model["id"], model)
-        await json_response(send, 200, {"object": "list", "data": list(seen.values())})
+        json_response(conn, 200, {"object": "list", "data": list(seen.values())}, req.method == "HEAD")
 
-    async def health(self, send) -> None:
+    def health(self, req: Request, conn: Connection) -> None:
         st = self.st
-        await json_response(send, 200, {"status": "ok", "ready_endpoints": len(st.pool.routable()),
-                                        "queued": len(st.gate.queue)})
-
-
-async def read_body(receive) -> bytes | None:
-    """The request body (reading stops past MAX_BODY_BYTES); None when the client disconnected."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_BODY_BYTES or not message.get("more_body"):
-            return b"".join(chunks)
+        json_response(conn, 200, {"status": "ok", "ready_endpoints": len(st.pool.routable()),
+                                  "queued": len(st.gate.queue)}, req.method == "HEAD")
 
 
 JSON = [(b"content-type", b"application/json")]
 
 
-async def json_response(send, status: int, obj) -> None:
-    await respond(send, status, json.dumps(obj).encode(), JSON)
+def json_response(conn: Connection, status: int, obj, head_only: bool = False) -> None:
+    conn.respond(status, JSON, json.dumps(obj).encode(), head_only)
 
 
-async def json_error(send, status: int, message: str, kind: str) -> None:
-    await json_response(send, status, error_body(message, kind, status))
+def json_error(conn: Connection, status: int, message: str, kind: str) -> None:
+    json_response(conn, status, error_body(message, kind, status))
 
 
 def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, api_key: str | None = None,

@@ -87,8 +87,7 @@ class Gate:
         if held is None:
             self._outcome(label, "RejectedCapacity", p)
             raise Refused(429, f"the gateway queue of priority band {label!r} is full", "RateLimitError")
-        self._sizes()
-        self.pump()
+        self.pump()  # sets the queue-size gauges after (a request dispatched at once never shows in them)
         try:
             return await p.future
         except asyncio.CancelledError:  # the client went away while waiting (or just as it was sent)

@@ -6,17 +6,17 @@ gone out, a lost upstream ends the stream with an OpenAI-style error event and `
 client gone mid-stream closes the upstream request (the engine aborts the generation).
 
 The upstream client is our own (controlplane.router.upstream): the body goes on as the client's
-bytes, the endpoint's chunks come back as they arrive, and the chunk that completes the answer goes
-out as the client's last (one ASGI send fewer per stream).
+bytes, and past the first chunk a stream is relayed by the upstream connection's callbacks, which
+write what each read brought straight to the client's socket (no task wakes per chunk).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 from controlplane.router.gate import Gate, Pending, Refused
+from controlplane.router.http import Connection
 from controlplane.router.upstream import Response, Upstream, UpstreamError
 
 HOP_BY_HOP = {b"host", b"content-length", b"accept-encoding", b"connection", b"keep-alive",
@@ -27,13 +27,6 @@ PASS_BACK = (b"content-type", b"x-request-id")
 
 def error_body(message: str, kind: str, code: int) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
-async def respond(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    """A whole answer through ASGI `send`."""
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def forward_headers(headers: list[tuple[bytes, bytes]], upstream_key: str | None) -> bytes:
@@ -48,7 +41,7 @@ def forward_headers(headers: list[tuple[bytes, bytes]], upstream_key: str | None
 
 async def _open(up: Upstream, url: str, path: str, body: bytes, headers: bytes) -> tuple[Response, bytes]:
     """The answer up to (and including) its first body chunk."""
-    resp = await up.request(url, b"POST", path, headers, body)
+    resp = await up.request(url, b"POST", path, headers, body, first_body=True)
     try:
         return resp, await resp.read_chunk()
     except BaseException:
@@ -57,8 +50,8 @@ async def _open(up: Upstream, url: str, path: str, body: bytes, headers: bytes) 
 
 
 async def forward(gate: Gate, client: Upstream, p: Pending, path: str, body: bytes,
-                  headers: bytes, streaming: bool, send, receive) -> None:
-    """Sends the admitted request (p.endpoint set) and answers the client through ASGI `send`;
+                  headers: bytes, streaming: bool, conn: Connection) -> None:
+    """Sends the admitted request (p.endpoint set) and answers the client on `conn`;
     releases the endpoint. Refused (503) when no endpoint could take it."""
     m, pool = gate.metrics, gate.pool
     tried: set[str] = set()
@@ -75,7 +68,7 @@ async def forward(gate: Gate, client: Upstream, p: Pending, path: str, body: byt
         else:
             if up.status != 503:
                 pool.succeeded(ep)
-                return await _answer(gate, p, up, first, streaming, send, receive)
+                return await _answer(gate, p, up, first, streaming, conn)
             up.close()
             pool.failed(ep, "503")
             last, reason = f"{ep.url}: 503", "unavailable"
@@ -86,7 +79,8 @@ async def forward(gate: Gate, client: Upstream, p: Pending, path: str, body: byt
     raise Refused(503, f"no endpoint could take the request ({last})", "ServiceUnavailableError")
 
 
-async def _answer(gate: Gate, p: Pending, up: Response, first: bytes, streaming: bool, send, receive) -> None:
+async def _answer(gate: Gate, p: Pending, up: Response, first: bytes, streaming: bool,
+                  conn: Connection) -> None:
     m, ep = gate.metrics, p.endpoint
     status = up.status
     m.first_byte(p, streaming, time.monotonic() - p.arrived)
@@ -105,38 +99,25 @@ async def _answer(gate: Gate, p: Pending, up: Response, first: bytes, streaming:
         m.answered(ep.url, str(status))
         if status >= 400:
             m.errors.labels(p.model, str(p.priority), str(status)).inc()
-        return await respond(send, status, rest, headers)
+        return conn.respond(status, headers, rest)
 
-    gone = asyncio.ensure_future(_disconnect(receive, up))  # the client leaving ends the stream
     code = "200"
     try:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        chunk, more = first, not up.complete
-        await send({"type": "http.response.body", "body": chunk, "more_body": more})
-        try:
-            while more:
-                chunk = await up.read_chunk()
-                more = not up.complete
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
-        except UpstreamError as exc:
-            if not gone.done():  # the endpoint went away mid-stream (not the client)
-                code = "stream_error"
-                gate.pool.failed(ep, f"stream: {exc}")
-                m.errors.labels(p.model, str(p.priority), "stream_error").inc()
-                sep = b"" if chunk.endswith(b"\n\n") else b"\n\n"
-                why = f"the endpoint failed mid-stream ({exc})"
-                err = error_body(why, "APIConnectionError", 502)
-                await send({"type": "http.response.body", "more_body": False,
-                            "body": sep + f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()})
+        if up.complete:
+            conn.start_stream(status, headers)
+            return conn.end_stream(first)
+        conn.start_stream(status, headers, first)
+        conn.on_close = up.close  # the client leaving ends the upstream request (the engine aborts)
+        error = await up.relay(conn)  # the rest, chunk by chunk, from the upstream's callbacks
+        if error is not None and not conn.closed:  # the endpoint went away mid-stream (not the client)
+            code = "stream_error"
+            gate.pool.failed(ep, f"stream: {error}")
+            m.errors.labels(p.model, str(p.priority), "stream_error").inc()
+            sep = b"" if up.tail.endswith(b"\n\n") else b"\n\n"
+            err = error_body(f"the endpoint failed mid-stream ({error})", "APIConnectionError", 502)
+            conn.end_stream(sep + f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode())
     finally:
-        gone.cancel()
+        conn.on_close = None
         m.answered(ep.url, code)
         up.close()
         gate.release(p)
-
-
-async def _disconnect(receive, resp: Response) -> None:
-    """Waits for the client to disconnect, then closes the upstream response."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    resp.close()

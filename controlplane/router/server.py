@@ -10,10 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-import uvicorn
-
 from controlplane.prometheus_server import free_port
 from controlplane.router.app import RouterApp
+from controlplane.router.http import HttpServer
 
 
 class RouterServer:
@@ -21,10 +20,7 @@ class RouterServer:
         self.app, self.host, self.port = app, host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.state = app.state.router
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", access_log=False,
-                                proxy_headers=False,
-                                lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = HttpServer(app.handle, app.startup, app.shutdown, host, self.port)
         self._thread = threading.Thread(target=self.server.run, name="router", daemon=True)
 
     def start(self, timeout: float = 15.0) -> RouterServer:

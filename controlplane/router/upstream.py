@@ -35,7 +35,7 @@ class Response:
     """One answer: status and headers once `request` returns, then body chunks as they arrive."""
 
     __slots__ = ("status", "headers", "keep_alive", "_conn", "_chunks", "_size", "_done", "_error",
-                 "_waiter", "_any_byte", "_timer")
+                 "_waiter", "_any_byte", "_timer", "_sink", "tail", "_want_body")
 
     def __init__(self, conn: _Connection):
         self.status = 0
@@ -49,6 +49,9 @@ class Response:
         self._waiter: asyncio.Future | None = None
         self._any_byte = False
         self._timer: asyncio.TimerHandle | None = None
+        self._sink = None  # while relaying: where each read's body goes (an http.Connection)
+        self.tail = b""  # the last bytes relayed
+        self._want_body = False  # request() returns at the first body bytes, not at the headers
 
     @property
     def complete(self) -> bool:
@@ -62,10 +65,11 @@ class Response:
         finally:
             self._waiter = None
 
-    async def _head(self) -> None:
-        """Waits for the status line and headers (closes the connection when that fails)."""
+    async def _head(self, body: bool) -> None:
+        """Waits for the status line and headers, and with `body` for the first body bytes too (or the
+        end); closes the connection when that fails."""
         try:
-            while not self.status:
+            while not self.status or body and not self._chunks and not self._done:
                 if self._error is not None:
                     raise self._error
                 await self._wait()
@@ -92,6 +96,43 @@ class Response:
             self._conn.transport.resume_reading()
         self._size = 0
         return data
+
+    async def relay(self, sink) -> UpstreamError | None:
+        """Hands the rest of the answer to `sink` as it arrives: what each socket read brings goes out
+        with sink.send_chunk from the connection's callback, the last with sink.end_stream. Returns
+        when the answer is complete (None) or broke off (the error; the sink's stream is left open).
+        While the sink's socket is backed up (sink.write_paused) the endpoint's is not read."""
+        self._flush(sink)
+        if not self._done and self._error is None:
+            self._sink = sink
+            if self._size >= HIGH_WATER and self._conn is not None:
+                self._conn.transport.resume_reading()
+            self._size = 0
+            try:
+                await self._wait()
+            finally:
+                self._sink = None
+        if self._error is not None:
+            return self._error
+        self._flush(sink)
+        return None
+
+    def _flush(self, sink) -> None:
+        chunks = self._chunks
+        if chunks:
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            self.tail = data
+            if not self._done:
+                sink.send_chunk(data)
+                if sink.write_paused and self._conn is not None:
+                    transport = self._conn.transport
+                    transport.pause_reading()
+                    sink.on_resume = transport.resume_reading
+                return
+            sink.end_stream(data)
+        elif self._done:
+            sink.end_stream()
 
     async def read_all(self) -> bytes:
         parts = []
@@ -156,6 +197,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             r._fail(UpstreamError(f"malformed answer: {exc}"))
             self.transport.close()
+        if r._sink is not None and r._error is None:
+            r._flush(r._sink)  # relayed as it came: one write to the client per read here
 
     def eof_received(self):
         return False  # close our side too
@@ -168,15 +211,17 @@ class _Connection(asyncio.Protocol):
         r = self.response
         r.status = self.parser.get_status_code()
         r.keep_alive = self.parser.should_keep_alive()
-        r._wake()
+        if not r._want_body:
+            r._wake()
 
     def on_body(self, body: bytes) -> None:
         r = self.response
         r._chunks.append(body)
-        r._size += len(body)
-        if r._size >= HIGH_WATER:
-            self.transport.pause_reading()
-        r._wake()
+        if r._sink is None:
+            r._size += len(body)
+            if r._size >= HIGH_WATER:
+                self.transport.pause_reading()
+            r._wake()
 
     def on_message_complete(self) -> None:
         r, self.response = self.response, None
@@ -234,10 +279,11 @@ class Upstream:
             idle.remove(conn)
 
     async def request(self, url: str, method: bytes, path: str, headers: bytes, body: bytes = b"",
-                      timeout: float | None = None) -> Response:
-        """Sends the request and waits for the answer's status and headers. `headers`: the header
-        lines (b"name: value\\r\\n" each) besides Host and Content-Length. With `timeout`, the
-        connection is closed if the whole answer has not arrived by then."""
+                      timeout: float | None = None, first_body: bool = False) -> Response:
+        """Sends the request and waits for the answer's status and headers (with `first_body`, for its
+        first body bytes too: one wake-up instead of two). `headers`: the header lines
+        (b"name: value\\r\\n" each) besides Host and Content-Length. With `timeout`, the connection
+        is closed if the whole answer has not arrived by then."""
         host, port, host_header = self._key(url)
         key = (host, port)
         head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s\r\n" % (
@@ -245,22 +291,23 @@ class Upstream:
         data = head + body
         idle = self._idle.get(key)
         conn = idle.pop() if idle else await self._connect(key, timeout)
-        r = self._start(conn, data, timeout)
+        r = self._start(conn, data, timeout, first_body)
         try:
-            await r._head()
+            await r._head(first_body)
             return r
         except UpstreamError:
             if not conn.used or r._any_byte:
                 raise
         # a reused connection the endpoint closed while it sat idle, before any byte of the answer:
         # once more on a new one (the endpoint never saw the request)
-        r = self._start(await self._connect(key, timeout), data, timeout)
-        await r._head()
+        r = self._start(await self._connect(key, timeout), data, timeout, first_body)
+        await r._head(first_body)
         return r
 
     @staticmethod
-    def _start(conn: _Connection, data: bytes, timeout: float | None) -> Response:
+    def _start(conn: _Connection, data: bytes, timeout: float | None, first_body: bool) -> Response:
         r = conn.response = Response(conn)
+        r._want_body = first_body
         if conn.closed:
             r._fail(UpstreamError("connection lost (closed while idle)"))
         else:

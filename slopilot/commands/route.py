@@ -36,11 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    import logging
 
     from controlplane.router import discovery
     from controlplane.router.app import build_router_app
     from controlplane.router.config import load_router_config
+    from controlplane.router.http import HttpServer
 
     sources = [bool(args.endpoint), bool(args.targets), bool(args.k8s_service)]
     if sum(sources) != 1:
@@ -54,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
         discover = discovery.KubernetesEndpoints(args.k8s_service, args.namespace, args.k8s_port)
     app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,
                            pool_name=args.pool_name)
-    # no X-Forwarded-* rewriting: the router reads no client address, and the middleware costs CPU
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                proxy_headers=False)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    HttpServer(app.handle, app.startup, app.shutdown, args.host, args.port).run()
     return 0
