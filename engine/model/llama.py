@@ -9,7 +9,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.bf16 import Linear
 from engine.model.config import ModelConfig
-from engine.model.rope import RotaryEmbedding
+from engine.model.rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -36,14 +36,14 @@ class Attention(nn.Module):
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope_cs: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
+        q, k = apply_rope(q, k, *rope_cs)
         k_cache, v_cache = kv_cache
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = backend.forward(q.contiguous(), k_cache, v_cache, meta, self.scale)
@@ -70,8 +70,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv_cache, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, meta, backend)
+    def forward(self, x, rope_cs, kv_cache, meta, backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope_cs, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -107,8 +107,9 @@ class LlamaForCausalLM(nn.Module):
         if self.rope is None:
             self.init_rope(input_ids.device)
         x = self.model.embed_tokens(input_ids)
+        rope_cs = self.rope.cos_sin(positions, x.dtype)  # the same for every layer
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, self.rope, kv_cache, meta, backend)
+            x = layer(x, rope_cs, kv_cache, meta, backend)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
