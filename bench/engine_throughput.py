@@ -13,6 +13,11 @@ and ours / vLLM is printed too.
 With --backends torch,cpu it instead runs our engine alone on the three engine-speed workloads
 (64 prompts x 100 tokens -> 32, 256 x 100 -> 128, 256 Azure-conversation requests / 8), once per
 attention backend and dtype, interleaved, and prints tokens/s (wall and per CPU-second) and ratios.
+
+With --vllm it runs ours (attention backend auto) and real vLLM (its defaults but max_num_seqs 256
+and the dtype) on those three workloads, per --dtypes, interleaved, and prints medians and ours/vLLM:
+
+    .venv/bin/python bench/engine_throughput.py --vllm --dtypes float32,bfloat16 --repeats 3 [--json F]
 """
 
 from __future__ import annotations
