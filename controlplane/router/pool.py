@@ -142,8 +142,8 @@ class Pool:
 
     def publish(self) -> None:
         m, pool = self.metrics, self.metrics.pool
-        m.ready.labels(pool).set(len(self.routable()))
+        m.child(m.ready, pool).set(len(self.routable()))
         for ep in self.endpoints.values():
-            m.endpoint_queue.labels(pool, ep.url).set(ep.num_waiting)
-            m.inflight.labels(ep.url).set(ep.outstanding)
-            m.inflight_tokens.labels(ep.url).set(ep.in_flight_tokens)
+            m.child(m.endpoint_queue, pool, ep.url).set(ep.num_waiting)
+            m.child(m.inflight, ep.url).set(ep.outstanding)
+            m.child(m.inflight_tokens, ep.url).set(ep.in_flight_tokens)
