@@ -309,6 +309,8 @@ def main() -> None:
         profile_decode(args.backends.split(","), args.dtypes.split(",")[0], args.profile_decode, args.seed)
         return
     if args.vllm:
+        if not VLLM_PY.exists():
+            sys.exit(f"--vllm needs {VLLM_PY} (`make vllm` builds it)")
         compare_vllm(args.dtypes.split(","), args.repeats, args.seed,
                      args.workloads.split(",") if args.workloads else None, args.limit, args.json)
         return
