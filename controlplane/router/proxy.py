@@ -107,7 +107,10 @@ async def _answer(gate: Gate, p: Pending, up: Response, first: bytes, streaming:
             conn.start_stream(status, headers)
             return conn.end_stream(first)
         conn.start_stream(status, headers, first)
+        up.tail = first
         conn.on_close = up.close  # the client leaving ends the upstream request (the engine aborts)
+        if conn.closed:  # it left before its first byte (while queued or waiting for the engine)
+            up.close()
         error = await up.relay(conn)  # the rest, chunk by chunk, from the upstream's callbacks
         if error is not None and not conn.closed:  # the endpoint went away mid-stream (not the client)
             code = "stream_error"
