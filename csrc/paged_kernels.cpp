@@ -5,13 +5,14 @@
 // to positions 0..that position. One work item is (sequence, kv head, tile of query tokens): every query
 // head of the kv head's group and every token of the tile reads each K/V row once from memory; all
 // arithmetic is float32. Decode is memory-bound, so an item first lists a pointer per position (no
-// division per position) and prefetches rows 16 positions ahead (blocks are scattered, which defeats the
-// hardware prefetcher). Scores are computed eight positions at a time (eight dot products reduced
-// together: no horizontal sum per score); bf16 K rows are converted once per eight positions; the
-// weighted V sum keeps its accumulators in registers. Items run in parallel with OpenMP (torch's own
-// runtime when torch is loaded first: same soname), each thread reusing its buffers across calls. Hot
-// loops are 8-lane GCC vectors; on x86 the item function is also built for x86-64-v3 (AVX2, FMA) and
-// picked at load time by CPU features, so the binary stays portable.
+// division per position) and prefetches rows 16 positions ahead (blocks are scattered, which defeats
+// the hardware prefetcher). Scores are computed eight positions at a time (eight dot products reduced
+// together: no horizontal sum per score); the weighted V sum also goes eight positions at a time. So a
+// K or V row is loaded (and, for bf16, converted) once, then shared from L1 by every row of the item,
+// the accumulators of a tile of rows and dims staying in registers. Items run in parallel with OpenMP
+// (torch's own runtime when torch is loaded first: same soname), each thread reusing its buffers across
+// calls. Hot loops are 8-lane GCC vectors; on x86 the item function is also built for x86-64-v3 (AVX2,
+// FMA) and picked at load time by CPU features, so the binary stays portable.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
