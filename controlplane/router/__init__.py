@@ -3,6 +3,7 @@ simulator's scoring code (simulator.router), holds requests in a gateway queue (
 the pool is saturated or scaled to zero, and exports llm-d-named metrics for autoscaling.
 
     cfg = load_router_config("examples/router.yaml")
-    app = build_router_app(cfg, Discovery.static(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]))
-    uvicorn.run(app, port=8080)
+    app = build_router_app(cfg, static(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]))
+    HttpServer(app.handle, app.startup, app.shutdown, "127.0.0.1", 8080).run()   # its own HTTP server
+    # or in a background thread: with RouterServer(app) as router: router.url
 """

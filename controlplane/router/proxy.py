@@ -30,7 +30,7 @@ def error_body(message: str, kind: str, code: int) -> dict:
 
 
 def forward_headers(headers: list[tuple[bytes, bytes]], upstream_key: str | None) -> bytes:
-    """The client's header lines (ASGI's lower-case names) less hop-by-hop ones, as the upstream
+    """The client's header lines (names lower-cased by the server) less hop-by-hop ones, as the upstream
     request's header block; the upstream key's authorization instead of the client's when given."""
     skip = HOP_BY_HOP if upstream_key is None else HOP_BY_HOP | {b"authorization"}
     out = b"".join([b"%s: %s\r\n" % (k, v) for k, v in headers if k not in skip])
