@@ -95,3 +95,24 @@ def test_client_gone_mid_stream_is_reported():
         assert handle.gone
 
     asyncio.run(with_server(script))
+
+
+def test_http10_client_gets_an_unframed_stream_ended_by_close():
+    async def stream(req: Request, conn: Connection) -> None:
+        conn.start_stream(200, [], b"data: 1\n\n")
+        conn.send_chunk(b"data: 2\n\n")
+        conn.end_stream(b"data: [DONE]\n\n")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(lambda: Connection(stream, set()), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.sockets[0].getsockname()[1])
+        writer.write(b"GET /s HTTP/1.0\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closes
+        writer.close()
+        srv.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in head and b"connection: close" in head
+        assert body == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+
+    asyncio.run(main())

@@ -31,13 +31,14 @@ _STATUS = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s i
 
 
 class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "too_large", "keep_alive")
+    __slots__ = ("method", "path", "query", "headers", "body", "too_large", "keep_alive", "http10")
 
     def __init__(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
-                 too_large: bool, keep_alive: bool):
+                 too_large: bool, keep_alive: bool, http10: bool = False):
         path, _, self.query = url.partition(b"?")
         self.method, self.path = method.decode("latin-1"), path.decode("latin-1")
         self.headers, self.body, self.too_large, self.keep_alive = headers, body, too_large, keep_alive
+        self.http10 = http10  # an HTTP/1.0 client: a stream goes unframed, ended by closing
 
 
 class Connection(asyncio.Protocol):
@@ -54,6 +55,7 @@ class Connection(asyncio.Protocol):
         self.on_resume: Callable[[], None] | None = None  # the relayed upstream's resume_reading
         self.write_paused = False
         self.answered = False  # the current request's answer is complete
+        self.chunked = True  # its stream goes in chunks (not to an HTTP/1.0 client)
         self.started = False  # its answer has begun
         self._url, self._headers, self._body, self._size = b"", [], [], 0
 
@@ -114,7 +116,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         p = self.parser
         req = Request(p.get_method(), self._url, self._headers, b"".join(self._body),
-                      self._size > MAX_BODY_BYTES, p.should_keep_alive())
+                      self._size > MAX_BODY_BYTES, p.should_keep_alive(), p.get_http_version() == "1.0")
         if self.busy:
             self.pending.append(req)
             self.transport.pause_reading()
@@ -124,6 +126,7 @@ class Connection(asyncio.Protocol):
     # -- one request at a time -------------------------------------------------------------------
     def _start(self, req: Request) -> None:
         self.busy, self.answered, self.started, self.keep_alive = True, False, False, req.keep_alive
+        self.chunked = not req.http10
         asyncio.get_running_loop().create_task(self.handle(req, self)).add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
@@ -168,19 +171,27 @@ class Connection(asyncio.Protocol):
 
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes = b"") -> None:
         """The head of a chunked answer (and its first chunk)."""
-        if not self.closed:
-            data = self._head(status, headers, b"transfer-encoding: chunked\r\n")
-            self.transport.write(data + b"%x\r\n%s\r\n" % (len(first), first) if first else data)
+        if self.closed:
+            return
+        if not self.chunked:  # HTTP/1.0: the bytes as they come, the end is the connection's
+            self.keep_alive = False
+            self.transport.write(self._head(status, headers, b"") + first)
+            return
+        data = self._head(status, headers, b"transfer-encoding: chunked\r\n")
+        self.transport.write(data + b"%x\r\n%s\r\n" % (len(first), first) if first else data)
 
     def send_chunk(self, data: bytes) -> None:
         if data and not self.closed:
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
 
     def end_stream(self, data: bytes = b"") -> None:
         """The last chunk (if any) and the end of the chunked answer."""
         if self.closed or self.answered:
             return
-        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        if not self.chunked:
+            self.transport.write(data)
+        else:
+            self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         self.answered = True
 
 
