@@ -2,8 +2,9 @@
 httptools (uvicorn's C parser), body chunks handed over as they arrive.
 
 Why not aiohttp: per request it builds a request and a response object, header multidicts, a stream
-reader, timers and a cookie jar, about half of the router's CPU per routed request. A proxy that
-already holds the body bytes and relays chunks needs a socket, a parser and a buffer.
+reader, timers and a cookie jar: the largest share of the router's CPU per routed request (about 40%
+of its Python time under a streaming load). A proxy that already holds the body bytes and relays
+chunks needs a socket, a parser and a buffer.
 
     up = Upstream(connect_timeout=5.0)
     r = await up.request("http://127.0.0.1:8001", b"POST", "/v1/completions", headers, body)
@@ -29,6 +30,10 @@ class UpstreamError(Exception):
     def __init__(self, message: str, refused: bool = False):
         super().__init__(message)
         self.refused = refused
+
+
+class UpstreamTimeout(UpstreamError):
+    """No complete answer within the request's timeout."""
 
 
 class Response:
@@ -295,8 +300,8 @@ class Upstream:
         try:
             await r._head(first_body)
             return r
-        except UpstreamError:
-            if not conn.used or r._any_byte:
+        except UpstreamError as exc:
+            if not conn.used or r._any_byte or isinstance(exc, UpstreamTimeout):
                 raise
         # a reused connection the endpoint closed while it sat idle, before any byte of the answer:
         # once more on a new one (the endpoint never saw the request)
@@ -333,5 +338,5 @@ class Upstream:
 
 def _time_out(r: Response, conn: _Connection, timeout: float) -> None:
     if not r._done:
-        r._fail(UpstreamError(f"no complete answer within {timeout:g} s"))
+        r._fail(UpstreamTimeout(f"no complete answer within {timeout:g} s"))
         conn.transport.close()
