@@ -47,6 +47,7 @@ SLO_MODEL_OPTIONS = {
     "batchArrivalsQuery": "batch_arrivals_query",
     "batchQueueQuery": "batch_queue_query",
     "batchDeadlineSeconds": "batch_deadline",
+    "burstNoiseFloor": "burst_noise_floor",
 }
 # Knative's spelling of KpaSpec: percentages of the stable window and of 1.0
 _KPA = {name: param_default(KpaSpec, name) for name in inspect.signature(KpaSpec).parameters}

@@ -267,6 +267,8 @@ POLICY = {
                     "batchArrivalsQuery": {"type": "string"},
                     "batchQueueQuery": {"type": "string"},
                     "batchDeadlineSeconds": {"type": "number", "exclusiveMinimum": 0},
+                    # the burst test's spread at least a fast-window rate's counting noise
+                    "burstNoiseFloor": {"type": "boolean"},
                 },
                 {k: param_default(SloModelPolicy, kw) for k, kw in SLO_MODEL_OPTIONS.items()},
             ),

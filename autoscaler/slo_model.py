@@ -22,7 +22,8 @@ below the long trend's fit (a burst's tail, which the long window still extrapol
 policy provisions for the rate now instead of ordering replicas that would start after the burst. With
 burst_slope "onset" the burst forecast is a line through the samples since the burst's onset (the
 last sample at or below the long trend), so the first order follows the whole rise so far rather than
-one noisy interval. A
+one noisy interval. With burst_noise_floor (fast signals), the burst test's spread is at least the
+counting noise of a fast-window rate, sqrt(rate / fast_window). A
 queue backlog adds num_waiting / drainSeconds to the rate. Scale-up is immediate; scale-down waits
 scaleDownDelay seconds (the highest recommendation of that window wins), like the HPA's stabilization.
 Spec names: trendWindowSeconds, burstRise, burstZ, burstSlope, dropOnFall.
@@ -241,6 +242,7 @@ class SloModelPolicy(Policy):
         batch_arrivals_query: str = "",
         batch_queue_query: str = "",
         batch_deadline: float = 3600.0,
+        burst_noise_floor: bool = False,
     ):
         if not slos:
             raise ValueError("spec.slo: the sloModel policy needs at least one SLO (ttft or tpot)")
@@ -259,6 +261,7 @@ class SloModelPolicy(Policy):
             raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend, last or onset, not "
                              f"{burst_slope!r}")
         self.burst_z, self.burst_slope, self.drop_on_fall = burst_z, burst_slope, drop_on_fall
+        self.burst_noise_floor = burst_noise_floor
         self.arrivals_query, self.queue_query, self.fast_window = arrivals_query, queue_query, fast_window
         self.batch_arrivals_query, self.batch_queue_query = batch_arrivals_query, batch_queue_query
         self.season_period, self.season_bins, self.season_weekly = season_period, season_bins, season_weekly
@@ -359,10 +362,15 @@ class SloModelPolicy(Policy):
             (t0, r0) = next((r for r in reversed(self.rates[:-1]) if r[0] <= t1 - gap + 1e-9), self.rates[-2])
             if t1 > t0:
                 burst = max(burst, r1 + (r1 - r0) / (t1 - t0) * (at - t1))
+        noise = spread(past)
+        if self.burst_noise_floor and fast is not None and base is not None:
+            # a few minutes of residuals can understate a low rate's counting noise: a rate counted
+            # over w seconds varies by at least sqrt(rate / w) (Poisson)
+            noise = max(noise, math.sqrt(max(base, 0.0) / self.fast_window))
         if (
             burst > rate * (1.0 + self.burst_rise)
             and base is not None
-            and rate > base + self.burst_z * spread(past)
+            and rate > base + self.burst_z * noise
         ):
             ahead = max(ahead, burst)
         elif self.drop_on_fall and base is not None and rate < base and len(short) >= 3:

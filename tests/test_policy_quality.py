@@ -187,3 +187,24 @@ def test_onset_slope_sizes_a_noisy_burst_nearer_its_ramp_than_the_last_interval(
     assert len(errors["onset"]) >= 10 and len(errors["last"]) >= 10
     assert np.std(errors["onset"]) < np.std(errors["last"])
 
+
+
+def test_noise_floor_keeps_a_low_rates_burst_test_at_its_counting_noise():
+    """At 1.5 req/s a 15-s rate varies by about sqrt(1.5 / 15) = 0.32 req/s; a calm stretch of
+    residuals can say less, and a 4-spread test then calls a noise excursion a burst. With
+    burstNoiseFloor the same samples order no burst, and a real 3x ramp is still ordered for."""
+    def run(floor: bool, ramp: bool) -> list[int]:
+        p = fast(burst_slope="onset", burst_noise_floor=floor)
+        count, out = 0.0, []
+        for t in range(0, 420, 5):
+            rate = 1.5
+            if t >= 300:  # a blip of 1.0 req/s over one fast window, or a ramp to 3x in 60 s
+                rate = 1.5 * (1 + 2 * min((t - 295) / 60, 1)) if ramp else (2.5 if t < 315 else 1.5)
+            count += rate * 5  # exact counts: the trend's residual spread is near zero
+            out.append(p.decide(obs(t, 1.5, count)).desired_replicas)
+        return out
+
+    base = run(True, False)[55]
+    assert max(run(False, False)) > base  # without the floor the blip is called a burst
+    assert max(run(True, False)) == base
+    assert max(run(True, True)) > base  # a real burst still is

@@ -104,6 +104,8 @@ SPEC_MEANINGS = {
     "spec.policy.sloModel.batchArrivalsQuery": ("PromQL for the batch band's arrival counter: batch is "
                                                 "provisioned at its mean rate, not its bursts"),
     "spec.policy.sloModel.batchQueueQuery": "PromQL for the batch band's gateway queue",
+    "spec.policy.sloModel.burstNoiseFloor": ("the burst test's spread is at least sqrt(rate / "
+                                             "fastWindowSeconds), a counted rate's Poisson noise"),
     "spec.policy.sloModel.batchDeadlineSeconds": ("the batch band's queue is provisioned to drain in half "
                                                   "of this"),
     "spec.triggers[].metadata.query": "the PromQL query whose value is the metric",
