@@ -177,8 +177,9 @@ def ours(workload: str, day: float) -> dict:
     opts = {"burstSlope": "last", "dropOnFall": True, "margin": 0.1, "arrivalsQuery": ROUTER_ARRIVALS}
     if workload == "seasonal":
         opts["seasonPeriodSeconds"] = day
-    else:  # a burst's first order: a line through its rise since the onset, not one noisy interval
-        opts["burstSlope"] = "onset"
+    else:  # a burst's first order: a line through its rise since the onset, not one noisy interval;
+        # a low rate's burst test no tighter than its counting noise
+        opts.update(burstSlope="onset", burstNoiseFloor=True)
     if workload == "priority":
         opts.update(
             queueQuery=ROUTER_QUEUE,
