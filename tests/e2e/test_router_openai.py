@@ -146,6 +146,26 @@ def test_100_concurrent_streams_complete(emulated_servers):
         assert sum(served) == 100 and min(served) > 0  # both engines took a share
 
 
+def test_client_gone_mid_stream_ends_the_engine_request(emulated_servers):
+    urls = emulated_servers(1)
+
+    def running() -> float:
+        text = httpx.get(urls[0] + "/metrics?name[]=vllm:num_requests_running", trust_env=False).text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:num_req"))
+
+    with start_router(urls) as router:
+        body = {"model": "llama2-70b", "prompt": "hi", "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, trust_env=False) as r:
+            assert r.status_code == 200
+            chunks = r.iter_bytes()  # kept: a dropped iterator closes the response at once
+            next(chunks)  # the first chunk (a minute or more of tokens to come)
+            wait_for(lambda: running() == 1, 10, what="the engine running the stream")
+        # the client has gone (the response closed)
+        ep = router.state.pool.endpoints[urls[0]]
+        wait_for(lambda: ep.outstanding == 0 and running() == 0, 10,
+                 what="the engine's request ended after the client left")
+
+
 @pytest.mark.slow  # about 25 s on two shared cores
 def test_engine_killed_under_load():
     servers = [Engine("--emulate", "h100-llama2-70b-tp4") for _ in range(3)]
