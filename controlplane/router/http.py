@@ -57,6 +57,7 @@ class Connection(asyncio.Protocol):
         self.answered = False  # the current request's answer is complete
         self.chunked = True  # its stream goes in chunks (not to an HTTP/1.0 client)
         self.started = False  # its answer has begun
+        self.task: asyncio.Task | None = None  # the current request's handler
         self._url, self._headers, self._body, self._size = b"", [], [], 0
 
     # -- asyncio ---------------------------------------------------------------------------------
@@ -127,10 +128,11 @@ class Connection(asyncio.Protocol):
     def _start(self, req: Request) -> None:
         self.busy, self.answered, self.started, self.keep_alive = True, False, False, req.keep_alive
         self.chunked = not req.http10
-        asyncio.get_running_loop().create_task(self.handle(req, self)).add_done_callback(self._finished)
+        self.task = asyncio.get_running_loop().create_task(self.handle(req, self))  # held: the loop's is weak
+        self.task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
-        self.busy = False
+        self.busy, self.task = False, None
         self.on_close = self.on_resume = None
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
