@@ -11,6 +11,10 @@ load average at the end of each run. With --repeats N every rate runs N times, i
 and a summary gives each column's median ("added" is the median of the runs' differences).
 
     .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--repeats 3]
+
+`--picker round-robin` runs the router with that picker alone (no scorers): the direct path's own
+placement, so the difference is the HTTP hop and the router's work, without the effect of where the
+scorers put requests.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,6 +153,8 @@ def main() -> None:
                                                           "takes each column's median")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--picker", help="run the router with this picker alone (e.g. round-robin), not the "
+                                    "default scorers")
     args = p.parse_args()
     procs = []
     try:
@@ -157,9 +164,15 @@ def main() -> None:
                                "--log-level", "warning"])
             procs.append(proc)
             engines.append(url)
-        rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), [])])
+        config = []
+        if args.picker:
+            path = Path(tempfile.mkdtemp()) / "router.yaml"
+            path.write_text(f"kind: EndpointPickerConfig\nplugins:\n- type: {args.picker}-picker\n")
+            config = ["--config", str(path)]
+        rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), []), *config])
         procs.append(rproc)
-        print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid}; streaming, "
+        print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid} "
+              f"({args.picker + ' picker' if args.picker else 'default scorers'}); streaming, "
               f"4 output tokens; engines on uvicorn, router on its own server; {http_stack()}; "
               f"{os.cpu_count()} CPUs; "
               f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
