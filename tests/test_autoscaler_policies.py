@@ -245,7 +245,7 @@ def test_burst_slope_sizes_the_first_order(rates, slope, z, want):
 
 
 def test_burst_slope_must_be_known():
-    with pytest.raises(ValueError, match="burstSlope: must be trend or last"):
+    with pytest.raises(ValueError, match="burstSlope: must be trend, last or onset"):
         SloModelPolicy(SLOS, MODEL, burst_slope="steep")
 
 

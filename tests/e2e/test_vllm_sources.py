@@ -81,6 +81,18 @@ class StreamedLoad:
         self._client.close()
 
 
+LONG_PROMPT = 1900  # tokens: prefill-heavy requests keep the engine busy and vLLM's front end free
+
+
+def long_prompt_request(url: str, seed: int) -> int:
+    """One request of LONG_PROMPT prompt tokens and one output token; returns the prompt tokens."""
+    prompt = [int(t) for t in np.random.default_rng(1000 + seed).integers(32, 127, LONG_PROMPT)]
+    body = {"model": VLLM_MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120, trust_env=False)
+    r.raise_for_status()
+    return r.json()["usage"]["prompt_tokens"]
+
+
 def test_sources_read_live_vllm(vllm_server, prometheus):
     url = vllm_server.url
     prom = prometheus([url], scrape_interval=1.0)
@@ -102,6 +114,18 @@ def test_sources_read_live_vllm(vllm_server, prometheus):
             now = time.time() - 1.0  # a second back: Prometheus has scraped it by now
             obs = {name: src.observe(None, now, current=1) for name, src in sources.items()}
             page = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+        # vLLM's front end answers /metrics between its output bursts, so on a quiet machine the load's
+        # short streams (~0.1 s each) are all done whenever a scrape is answered: the gauges are also
+        # read while 48 prefill-heavy requests queue in the engine and leave the front end idle
+        with ThreadPoolExecutor(48) as pool:
+            heavy = [pool.submit(long_prompt_request, url, seed) for seed in range(48)]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(f.done() for f in heavy):
+                now_obs = auto.observe(None, time.time(), current=1)
+                for key in seen:
+                    seen[key] = max(seen[key], getattr(now_obs, key) or 0.0)
+                time.sleep(0.25)
+            assert all(f.result() == LONG_PROMPT for f in heavy)
     finally:
         auto.close()
         named.close()
