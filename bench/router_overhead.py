@@ -155,6 +155,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--picker", help="run the router with this picker alone (e.g. round-robin), not the "
                                     "default scorers")
+    p.add_argument("--config", type=Path, help="run the router with this ROUTER.yaml instead")
     args = p.parse_args()
     procs = []
     try:
@@ -169,10 +170,12 @@ def main() -> None:
             path = Path(tempfile.mkdtemp()) / "router.yaml"
             path.write_text(f"kind: EndpointPickerConfig\nplugins:\n- type: {args.picker}-picker\n")
             config = ["--config", str(path)]
+        elif args.config:
+            config = ["--config", str(args.config)]
         rproc, router = spawn(["route", *sum((["--endpoint", u] for u in engines), []), *config])
         procs.append(rproc)
         print(f"{args.engines} emulated engines ({MODEL}), router pid {rproc.pid} "
-              f"({args.picker + ' picker' if args.picker else 'default scorers'}); streaming, "
+              f"({args.picker + ' picker' if args.picker else args.config or 'default scorers'}); streaming, "
               f"4 output tokens; engines on uvicorn, router on its own server; {http_stack()}; "
               f"{os.cpu_count()} CPUs; "
               f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
