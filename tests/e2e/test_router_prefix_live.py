@@ -171,6 +171,19 @@ def simulated_hit_rate(router: dict, ids, max_tokens, times) -> float:
     return summarize(fleet)["pools"]["tiny"]["prefix_cache_hit_rate"]
 
 
+def jittered_round_robin(ids, max_tokens, times, runs: int = 6, jitter_s: float = 0.01) -> float:
+    """Round robin's simulated hit rate averaged over arrival orders shuffled by up to 10 ms: live, the
+    order in which near-simultaneous requests reach the router varies, and with it which engine each
+    conversation's next turn lands on (trace order is one draw of that)."""
+    rates = []
+    for seed in range(runs):
+        t = times + np.random.default_rng(seed).uniform(0, jitter_s, len(times))
+        order = np.argsort(t, kind="stable")
+        rates.append(simulated_hit_rate({"policy": "round_robin"}, [ids[i] for i in order],
+                                        [max_tokens[i] for i in order], t[order]))
+    return float(np.mean(rates))
+
+
 def check_prefix_affinity(n: int, speedup: float, *engine: str) -> dict:
     """Hit rates of round robin and the prefix-aware config, live on three `serve ENGINE...` and
     simulated, over the trace's first n requests at `speedup` times their pace."""
@@ -188,6 +201,7 @@ def check_prefix_affinity(n: int, speedup: float, *engine: str) -> dict:
         for e in engines:
             e.stop()
     res["sim_round_robin"] = simulated_hit_rate({"policy": "round_robin"}, ids_rr, max_tokens, times)
+    res["sim_round_robin_jittered"] = jittered_round_robin(ids_rr, max_tokens, times)
     res["sim_affinity"] = simulated_hit_rate({"policy": "weighted", "weights": WEIGHTS}, ids_aff, max_tokens,
                                              times)
     res["bound"] = single_cache_bound(ids_aff)
@@ -213,6 +227,8 @@ def test_prefix_affinity_live_doubles_round_robin():
     # gets near the bound, so the ratio sits at about 2x, the most any routing can reach here
     res = check_prefix_affinity(1000, 12, "--model", "tiny")
     assert res["affinity"] >= 0.85 * res["bound"]
-    assert res["affinity"] >= 1.7 * res["round_robin"]  # measured 1.82x and 1.89x
+    # measured 1.73-1.91x: round robin's own rate moves with the arrival order (10.6-12.8% live; 11.5%
+    # simulated over jittered orders), which puts the expected ratio at about 1.9x on this window
+    assert res["affinity"] >= 1.7 * res["round_robin"]
     assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
