@@ -93,6 +93,11 @@ FLOW = {  # the priority workload's gateway: interactive first, batch held up to
          "saturation": BATCH_SATURATION},
     ],
 }
+GATEWAY = {  # --gateway: one band, the same detector; requests wait in the router, not in the engines
+    "queue_threshold": FLOW["queue_threshold"],
+    "kv_threshold": FLOW["kv_threshold"],
+    "bands": [{"priority": 0, "name": "default", "capacity": 100000, "ttl": 3600}],
+}
 ROUTER_ARRIVALS = "sum(llm_d_epp_request_total)"
 ROUTER_QUEUE = "sum(llm_d_epp_flow_control_queue_size)"
 
@@ -121,7 +126,7 @@ def spikes_of(workload: str, dur: float) -> list[dict]:
 
 def scenario(
     hours: float, autoscaler: dict, replicas: int = 4, workload: str = "bursty", seed: int = 7,
-    batch_saturation: float = BATCH_SATURATION,
+    batch_saturation: float = BATCH_SATURATION, gateway: float | None = None,
 ) -> dict:
     dur = hours * 3600
     if workload == "seasonal":
@@ -133,6 +138,8 @@ def scenario(
     if workload == "priority":
         router["flow_control"] = copy.deepcopy(FLOW)
         router["flow_control"]["bands"][1]["saturation"] = batch_saturation
+    elif gateway is not None:
+        router["flow_control"] = dict(copy.deepcopy(GATEWAY), kv_threshold=gateway)
     return {
         "name": "policies",
         "seed": seed,
@@ -172,9 +179,11 @@ def ia(name: str, policy: dict, polling: int = 15) -> dict:
     }
 
 
-def ours(workload: str, day: float) -> dict:
+def ours(workload: str, day: float, gateway: float | None = None) -> dict:
     """The model-based policy on the router's fast signals (+ what the workload lets it use)."""
     opts = {"burstSlope": "last", "dropOnFall": True, "margin": 0.1, "arrivalsQuery": ROUTER_ARRIVALS}
+    if gateway is not None:
+        opts["queueQuery"] = ROUTER_QUEUE
     if workload == "seasonal":
         opts["seasonPeriodSeconds"] = day
     else:  # a burst's first order: a line through its rise since the onset, not one noisy interval;
@@ -190,7 +199,8 @@ def ours(workload: str, day: float) -> dict:
     return ia("slo-model-fast", {"type": "sloModel", "sloModel": opts}, polling=5)
 
 
-def policies(peak: int, workload: str = "bursty", day: float = 21600.0) -> dict[str, dict]:
+def policies(peak: int, workload: str = "bursty", day: float = 21600.0, gateway: float | None = None
+             ) -> dict[str, dict]:
     return {
         "static peak": {"fixed": peak},
         "HPA (running requests)": ia(
@@ -235,7 +245,7 @@ def policies(peak: int, workload: str = "bursty", day: float = 21600.0) -> dict[
             {"type": "sloModel", "sloModel": {"burstSlope": "last", "dropOnFall": True}},
             polling=30,
         ),
-        "ours (model-based, router signals)": ours(workload, day),
+        "ours (model-based, router signals)": ours(workload, day, gateway),
     }
 
 
@@ -390,6 +400,9 @@ def main() -> None:
     ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 1.75, 2.0])
     ap.add_argument("--batch-saturation", type=float, default=BATCH_SATURATION,
                     help="priority: the batch band's saturation level in the gateway (1: the detector's)")
+    ap.add_argument("--gateway", type=float, nargs="?", const=FLOW["kv_threshold"], default=None,
+                    metavar="KV", help="bursty, seasonal: every row behind the router's gateway queue (one "
+                    "band), engines held under KV usage KV (default %(const)s) and 4 waiting")
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="with --only: the other rows of these earlier --json outputs (same workload, seed)")
@@ -405,7 +418,7 @@ def main() -> None:
     )
 
     def sc(autoscaler: dict, replicas: int = 4) -> dict:
-        return scenario(args.hours, autoscaler, replicas, wk, args.seed, args.batch_saturation)
+        return scenario(args.hours, autoscaler, replicas, wk, args.seed, args.batch_saturation, args.gateway)
 
     base = load_scenario(sc({"fixed": 1}))
     wl = build_workload(base, base.seed)
@@ -447,16 +460,17 @@ def main() -> None:
         for h in args.headroom:
             steps = reactive_plan(need, spikes, 30.0, h)
             rows.append(schedule_row(f"reactive bound (30 s) + standing headroom x{h:g}", steps, True))
-    for name, autoscaler in policies(peak, wk, day).items():
+    for name, autoscaler in policies(peak, wk, day, args.gateway).items():
         if not wanted(name):
             continue
         rows.append(row(name, autoscaler, 4 if name != "static peak" else peak))
 
     for path in args.merge:
         old = json.loads(Path(path).read_text())
-        if (old["workload"], old["seed"], old["hours"]) != (wk, args.seed, args.hours) or (
+        if (old["workload"], old["seed"], old["hours"], old.get("gateway")) != (
+                wk, args.seed, args.hours, args.gateway) or (
                 wk == "priority" and old.get("batch_saturation", 1.0) != args.batch_saturation):
-            raise SystemExit(f"--merge {path}: another workload, seed, day length or batch band level")
+            raise SystemExit(f"--merge {path}: another workload, seed, day length, gateway or band level")
         ran = {r["policy"] for r in rows}
         rows = [dict(r, timeline=[]) for r in old["rows"] if r["policy"] not in ran] + rows
     print()
@@ -466,6 +480,7 @@ def main() -> None:
     result = {
         "workload": wk,
         "seed": args.seed,
+        "gateway": args.gateway,
         "hours": args.hours,
         "scored_from_s": since,
         **({"batch_saturation": args.batch_saturation} if wk == "priority" else {}),
