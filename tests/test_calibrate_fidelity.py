@@ -8,11 +8,11 @@ HTTP path as the router's latency. Each percentile's error is reported for both 
 The slow check repeats the calibrate-serve-simulate pair three times and takes the median error per
 percentile (10% on medians, 15% on p90), as tests/test_sim_fidelity.py does; the short one (one pair,
 medians within 50%) is a check of the pipeline. Both are kept out of `make test` (minutes each). The
-short one passes; the three-pair one does not yet, so it is marked xfail. Measured (three pairs, load
-average falling 4.5 -> 1.6): black-box medians within the bar (TTFT p50 -8.1%, TPOT p50 +1.7%, E2E p50
-+6.9%) but p90s low (-34.7%, -31.2%, -18.7%): the real server's spread, set by its HTTP streaming in one
-Python process beside the engine thread on two shared cores, is wider than the simulated one. White-box
-(the in-process profile) misses TPOT by -37% at p50 for the same reason.
+short one passes; the three-pair one does not yet, so it is marked xfail. Measured (three pairs, quiet
+machine): black-box five of six within the bars (TTFT p50 -0.3%, TPOT p50 +7.2% / p90 +1.6%, E2E
++6.5% / +6.6%); TTFT p90 -25.8%: the real server's first-token spread, set by its HTTP path, is wider
+than the simulated one. White-box (the in-process profile) misses TPOT by -36% at p50: the server's
+pace includes its HTTP streaming, which only the outside probe measures.
 """
 
 import asyncio
