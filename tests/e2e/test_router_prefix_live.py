@@ -42,15 +42,18 @@ WEIGHTS = {"queue": 1.0, "kv": 1.0, "prefix": 2.0}
 # a busy shared machine: slow answers and scrapes are not failures here
 PATIENT = {"connectTimeout": "30s", "scrapeTimeout": "10s", "ejectAfter": 20}
 
-AFFINITY = {"kind": "EndpointPickerConfig", "plugins": [
-    {"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"},
-    {"type": "prefix-cache-scorer", "parameters": {"tokenizer": "byte", "blockSize": BLOCK}},
-    {"type": "max-score-picker"}],
-    "schedulingProfiles": [{"name": "default", "plugins": [
-        {"pluginRef": "queue-scorer", "weight": WEIGHTS["queue"]},
-        {"pluginRef": "kv-cache-utilization-scorer", "weight": WEIGHTS["kv"]},
-        {"pluginRef": "prefix-cache-scorer", "weight": WEIGHTS["prefix"]},
-        {"pluginRef": "max-score-picker"}]}], "dataLayer": PATIENT}
+def affinity_config(weights: dict[str, float]) -> dict:
+    return {"kind": "EndpointPickerConfig", "plugins": [
+        {"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-cache-scorer", "parameters": {"tokenizer": "byte", "blockSize": BLOCK}},
+        {"type": "max-score-picker"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "queue-scorer", "weight": weights["queue"]},
+            {"pluginRef": "kv-cache-utilization-scorer", "weight": weights["kv"]},
+            {"pluginRef": "prefix-cache-scorer", "weight": weights["prefix"]},
+            {"pluginRef": "max-score-picker"}]}], "dataLayer": PATIENT}
+
+
 ROUND_ROBIN = {"kind": "EndpointPickerConfig", "plugins": [{"type": "round-robin-picker"}],
                "dataLayer": PATIENT}
 
@@ -156,12 +159,12 @@ class TokenFleet(Fleet):
         return SimSequence(i, self.token_ids[i], int(self.wl.output[i]), int(self.arrival_ps[i]))
 
 
-def simulated_hit_rate(router: dict, ids, max_tokens, times) -> float:
+def simulated_hit_rate(router: dict, ids, max_tokens, times, kv_blocks: int = KV_BLOCKS) -> float:
     sc = load_scenario({
         "name": "mooncake-live", "seed": 0, "duration": float(times[-1]) + 1,
         "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 1, "output_tokens": 1},  # replaced below
         "pools": [{"name": "tiny", "latency_model": "cpu-tiny", "replicas": 3, "autoscaler": {"fixed": 3},
-                   "kv_blocks": KV_BLOCKS, "block_size": BLOCK, "max_model_len": MAX_LEN,
+                   "kv_blocks": kv_blocks, "block_size": BLOCK, "max_model_len": MAX_LEN,
                    "prefix_caching": True}],
         "router": router, "drain": {"enabled": True, "max": 600},
     })
@@ -171,7 +174,8 @@ def simulated_hit_rate(router: dict, ids, max_tokens, times) -> float:
     return summarize(fleet)["pools"]["tiny"]["prefix_cache_hit_rate"]
 
 
-def jittered_round_robin(ids, max_tokens, times, runs: int = 6, jitter_s: float = 0.01) -> float:
+def jittered_round_robin(ids, max_tokens, times, kv_blocks: int, runs: int = 6, jitter_s: float = 0.01
+                         ) -> float:
     """Round robin's simulated hit rate averaged over arrival orders shuffled by up to 10 ms: live, the
     order in which near-simultaneous requests reach the router varies, and with it which engine each
     conversation's next turn lands on (trace order is one draw of that)."""
@@ -180,30 +184,32 @@ def jittered_round_robin(ids, max_tokens, times, runs: int = 6, jitter_s: float 
         t = times + np.random.default_rng(seed).uniform(0, jitter_s, len(times))
         order = np.argsort(t, kind="stable")
         rates.append(simulated_hit_rate({"policy": "round_robin"}, [ids[i] for i in order],
-                                        [max_tokens[i] for i in order], t[order]))
+                                        [max_tokens[i] for i in order], t[order], kv_blocks))
     return float(np.mean(rates))
 
 
-def check_prefix_affinity(n: int, speedup: float, *engine: str) -> dict:
+def check_prefix_affinity(n: int, speedup: float, *engine: str, kv_blocks: int = KV_BLOCKS,
+                          weights: dict[str, float] = WEIGHTS) -> dict:
     """Hit rates of round robin and the prefix-aware config, live on three `serve ENGINE...` and
-    simulated, over the trace's first n requests at `speedup` times their pace."""
+    simulated, over the trace's first n requests at `speedup` times their pace, kv_blocks per engine."""
     rows = read_trace(n)
     max_tokens, times = outputs(rows), arrivals(rows, speedup)
     engines = [Engine(*engine, "--max-model-len", str(MAX_LEN), "--block-size", str(BLOCK),
-                      "--num-kv-blocks", str(KV_BLOCKS)) for _ in range(3)]
+                      "--num-kv-blocks", str(kv_blocks)) for _ in range(3)]
     try:
         wait_healthy(engines, timeout=180)
         urls = [e.url for e in engines]
         ids_rr, ids_aff = prompts(rows, salt=1), prompts(rows, salt=2)
         res = {"round_robin": live_hit_rate(urls, ROUND_ROBIN, ids_rr, max_tokens, times),
-               "affinity": live_hit_rate(urls, AFFINITY, ids_aff, max_tokens, times)}
+               "affinity": live_hit_rate(urls, affinity_config(weights), ids_aff, max_tokens, times)}
     finally:
         for e in engines:
             e.stop()
-    res["sim_round_robin"] = simulated_hit_rate({"policy": "round_robin"}, ids_rr, max_tokens, times)
-    res["sim_round_robin_jittered"] = jittered_round_robin(ids_rr, max_tokens, times)
-    res["sim_affinity"] = simulated_hit_rate({"policy": "weighted", "weights": WEIGHTS}, ids_aff, max_tokens,
-                                             times)
+    rr = {"policy": "round_robin"}
+    res["sim_round_robin"] = simulated_hit_rate(rr, ids_rr, max_tokens, times, kv_blocks)
+    res["sim_round_robin_jittered"] = jittered_round_robin(ids_rr, max_tokens, times, kv_blocks)
+    res["sim_affinity"] = simulated_hit_rate({"policy": "weighted", "weights": weights}, ids_aff, max_tokens,
+                                             times, kv_blocks)
     res["bound"] = single_cache_bound(ids_aff)
     print(f"{n} requests over {times[-1]:.1f} s, prefix-cache hit rate: "
           + ", ".join(f"{k} {v:.1%}" for k, v in res.items()))
@@ -232,3 +238,15 @@ def test_prefix_affinity_live_doubles_round_robin():
     assert res["affinity"] >= 1.7 * res["round_robin"]
     assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
+
+
+@pytest.mark.slow  # about 5 minutes
+def test_prefix_affinity_live_under_kv_pressure():
+    # the first 4000 requests on engines of 4,500 blocks each (72,000 tokens; the requests have 55,333
+    # distinct blocks): round robin keeps a copy of every conversation on every engine and they evict each
+    # other, prefix affinity keeps one; prefix weight 4 (the bound's weight, measured above)
+    res = check_prefix_affinity(4000, 12, "--model", "tiny", kv_blocks=4500,
+                                weights={"queue": 1.0, "kv": 1.0, "prefix": 4.0})
+    assert res["affinity"] >= 1.8 * res["round_robin"]
+    assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
+    assert abs(res["round_robin"] - res["sim_round_robin_jittered"]) <= 0.10
