@@ -137,7 +137,7 @@ def check_ground_truth(name: str, tmp_path: Path, budget: float, capsys) -> dict
     return report
 
 
-@pytest.mark.slow  # timing on a loaded machine: 3.3% worst when quiet, 5.6% seen under load
+@pytest.mark.slow  # timing: 1.6-3.3% worst when quiet, 5.6% seen under load
 def test_ground_truth_h100_llama70b(tmp_path, capsys):
     check_ground_truth("h100-llama2-70b-tp4", tmp_path, budget=30, capsys=capsys)
 
