@@ -244,7 +244,8 @@ def test_prefix_affinity_live_doubles_round_robin():
 def test_prefix_affinity_live_under_kv_pressure():
     # the first 4000 requests on engines of 4,500 blocks each (72,000 tokens; the requests have 55,333
     # distinct blocks): round robin keeps a copy of every conversation on every engine and they evict each
-    # other, prefix affinity keeps one; prefix weight 4 (the bound's weight, measured above)
+    # other, prefix affinity keeps one; prefix weight 4 (the bound's weight, measured above). Measured
+    # 1.99x and 2.08x live, 2.04x simulated
     res = check_prefix_affinity(4000, 12, "--model", "tiny", kv_blocks=4500,
                                 weights={"queue": 1.0, "kv": 1.0, "prefix": 4.0})
     assert res["affinity"] >= 1.8 * res["round_robin"]
