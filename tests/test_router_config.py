@@ -62,6 +62,15 @@ def test_pickers_map_to_the_simulator_policies():
         assert cfg.policy == policy
 
 
+def test_session_affinity_scorer_reads_its_header():
+    cfg = load_router_config({"kind": "EndpointPickerConfig", "plugins": [
+        {"type": "session-affinity-scorer", "parameters": {"header": "X-User"}}, {"type": "max-score-picker"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "session-affinity-scorer", "weight": 3}, {"pluginRef": "max-score-picker"}]}]})
+    assert cfg.session_header == "x-user" and cfg.weights == {"session": 3.0}
+    assert RouterConfig().session_header == "x-session-id"
+
+
 def test_durations():
     assert [seconds(v) for v in ("100ms", "5s", "2m", 1.5, "3")] == [0.1, 5.0, 120.0, 1.5, 3.0]
 

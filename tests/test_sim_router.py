@@ -80,6 +80,17 @@ def test_weighted_filter_score_pick():
     assert r.pick(sat) == 1
 
 
+def test_session_affinity_keeps_a_session_on_its_replica_and_forgets_a_gone_one():
+    reps = [R(0, num_waiting=0), R(1, num_waiting=1), R(2, num_waiting=3)]
+    r = Router("weighted", weights={"queue": 1.0, "session": 2.0})
+    assert r.pick(reps, session="a") == 0  # new session: the least waiting
+    reps[0].num_waiting, reps[1].num_waiting = 3, 0
+    assert r.pick(reps, session="a") == 0  # the session's weight outbids the queue
+    assert r.pick(reps, session="b") == 1  # another session goes by load
+    assert r.pick(reps) == 1  # no session header: by load
+    assert r.pick([reps[1], reps[2]], session="a") == 0  # its replica is gone: by load among the rest
+
+
 def test_prefix_index_lru_and_match():
     idx = PrefixIndex(capacity_blocks=3)
     idx.record(0, [1, 2, 3])

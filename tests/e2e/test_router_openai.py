@@ -8,6 +8,8 @@ import asyncio
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import openai
@@ -144,6 +146,53 @@ def test_100_concurrent_streams_complete(emulated_servers):
         assert results == [("ok", 16)] * 100
         served = [ep.served for ep in router.state.pool.endpoints.values()]
         assert sum(served) == 100 and min(served) > 0  # both engines took a share
+
+
+class Unavailable(BaseHTTPRequestHandler):
+    """An engine that is up (/health 200) but answers every request 503, as one that is overloaded or
+    still loading; counts the requests it refused."""
+
+    refused = 0
+
+    def do_GET(self):
+        body = b'{"object": "list", "data": []}' if self.path.startswith("/v1/models") else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).refused += 1
+        body = b'{"error": {"message": "busy", "type": "ServiceUnavailable", "code": 503}}'
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_503_before_the_first_byte_is_retried_on_another_endpoint(emulated_servers):
+    (url,) = emulated_servers(1)
+    busy = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=busy.serve_forever, daemon=True).start()
+    busy_url = f"http://127.0.0.1:{busy.server_port}"
+    model = httpx.get(url + "/v1/models", trust_env=False).json()["data"][0]["id"]
+    config = {"kind": "EndpointPickerConfig", "plugins": [{"type": "round-robin-picker"}]}
+    try:
+        with start_router([busy_url, url], config) as router:
+            for stream in (False, True, False, True):
+                r = httpx.post(router.url + "/v1/completions", timeout=30, trust_env=False, json={
+                    "model": model, "prompt": "hello", "max_tokens": 4, "stream": stream})
+                assert r.status_code == 200, r.text
+                assert ("data: [DONE]" in r.text) if stream else r.json()["usage"]["completion_tokens"] == 4
+            eps = router.state.pool.endpoints
+            # the picker sent some there (and ejected it on the first 503); each was retried on the engine
+            assert eps[busy_url].served == Unavailable.refused >= 1 and eps[url].served == 4
+    finally:
+        busy.shutdown()
 
 
 def test_client_gone_mid_stream_ends_the_engine_request(emulated_servers):
