@@ -382,3 +382,33 @@ def test_slo_model_idle_fleet_goes_to_the_minimum_after_the_delay():
     assert [d.desired_replicas for d in idle] == [3, 3, 1]  # scaleDownDelaySeconds 12 after t = 2
     waiting = policy.decide(Observation(18.0, 1, 1, arrival_rate=0.0, num_waiting=3.0))
     assert waiting.reason.endswith("no change") and waiting.desired_replicas == 1
+
+
+def test_fleet_file_router_takes_the_load_and_prometheus_scrapes_it(tmp_path):
+    # FLEET.yaml `router: true`: the router stands in front of the replicas, the load goes through
+    # it, and the fleet's Prometheus scrapes its metrics beside the engines'
+    ramp = [[0, 2], [8, 2], [8.01, 0], [9, 0]]
+    cfg = load_fleet_config({**fleet_config(KEDA_QUEUE, ramp), "router": True})
+    with LocalRun(cfg, tmp_path, rate_window=10.0) as run:
+        assert run.router is not None
+        wait_rows(tmp_path / "decisions.csv", lambda rs: run.load_result is not None, 60, "the load's end")
+        requests = run.load_result.summary()
+        served = sum(ep.served for ep in run.router.state.pool.endpoints.values())
+        prom = run.prometheus.url
+
+        def scraped() -> float:
+            r = httpx.get(f"{prom}/api/v1/query", params={"query": "sum(llm_d_epp_request_total)"},
+                          timeout=10, trust_env=False).json()["data"]["result"]
+            return float(r[0]["value"][1]) if r else -1.0
+
+        deadline = time.time() + 20
+        while scraped() < requests["requests"] and time.time() < deadline:
+            time.sleep(0.5)
+        total = scraped()
+        up = httpx.get(f"{prom}/api/v1/query", params={"query": 'up{replica="router"}'}, timeout=10,
+                       trust_env=False).json()["data"]["result"]
+    print(f"requests {requests['ok']}/{requests['requests']} ok; router dispatched {served}; "
+          f"Prometheus read llm_d_epp_request_total = {total:g}")
+    assert requests["requests"] >= 10 and requests["ok"] == requests["requests"]
+    assert served == requests["requests"] and total == requests["requests"]
+    assert [float(s["value"][1]) for s in up] == [1.0]
