@@ -93,9 +93,9 @@ FLOW = {  # the priority workload's gateway: interactive first, batch held up to
          "saturation": BATCH_SATURATION},
     ],
 }
-GATEWAY = {  # --gateway: one band, the same detector; requests wait in the router, not in the engines
+GATEWAY = {  # --gateway KV: one band, the priority day's queue threshold and the given KV threshold;
+    # requests wait in the router, not in the engines
     "queue_threshold": FLOW["queue_threshold"],
-    "kv_threshold": FLOW["kv_threshold"],
     "bands": [{"priority": 0, "name": "default", "capacity": 100000, "ttl": 3600}],
 }
 ROUTER_ARRIVALS = "sum(llm_d_epp_request_total)"
@@ -139,7 +139,7 @@ def scenario(
         router["flow_control"] = copy.deepcopy(FLOW)
         router["flow_control"]["bands"][1]["saturation"] = batch_saturation
     elif gateway is not None:
-        router["flow_control"] = dict(copy.deepcopy(GATEWAY), kv_threshold=gateway)
+        router["flow_control"] = {**copy.deepcopy(GATEWAY), "kv_threshold": gateway}
     return {
         "name": "policies",
         "seed": seed,
@@ -402,7 +402,8 @@ def main() -> None:
                     help="priority: the batch band's saturation level in the gateway (1: the detector's)")
     ap.add_argument("--gateway", type=float, nargs="?", const=FLOW["kv_threshold"], default=None,
                     metavar="KV", help="bursty, seasonal: every row behind the router's gateway queue (one "
-                    "band), engines held under KV usage KV (default %(const)s) and 4 waiting")
+                    "band), engines held under KV usage KV (default %(const)s) and "
+                    f"{GATEWAY['queue_threshold']} waiting")
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="with --only: the other rows of these earlier --json outputs (same workload, seed)")
