@@ -64,7 +64,8 @@ def test_pickers_map_to_the_simulator_policies():
 
 def test_session_affinity_scorer_reads_its_header():
     cfg = load_router_config({"kind": "EndpointPickerConfig", "plugins": [
-        {"type": "session-affinity-scorer", "parameters": {"header": "X-User"}}, {"type": "max-score-picker"}],
+        {"type": "session-affinity-scorer", "parameters": {"header": "X-User"}},
+        {"type": "max-score-picker"}],
         "schedulingProfiles": [{"name": "default", "plugins": [
             {"pluginRef": "session-affinity-scorer", "weight": 3}, {"pluginRef": "max-score-picker"}]}]})
     assert cfg.session_header == "x-user" and cfg.weights == {"session": 3.0}
