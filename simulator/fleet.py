@@ -18,6 +18,7 @@ from engine.core.scheduler import RequestRejected
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
 from simulator.flow import GatewayQueue, pump
+from simulator.frontend import draw_ms
 from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
 from simulator.replica import Replica
@@ -98,6 +99,7 @@ class Fleet:
             self.flow_bands = fc["bands"]  # in the scenario's order, as the shares
             self.flow_refused = self.flow_expired = 0
             self.band = np.full(len(workload), -1, dtype=np.int64)  # each request's band priority
+        self.frontend_rng = np.random.default_rng(ss.spawn(1)[0])  # spawned last: the others keep theirs
         self.store = MetricStore(retention=max(4 * scenario.rate_window, 600.0))
         models = models or {}
         self.pools: list[Pool] = []
@@ -192,8 +194,18 @@ class Fleet:
     def send(self, seq: SimSequence, candidates: list[Replica]) -> None:
         k = self.router.pick(candidates, seq.token_ids if self.router.uses_prefix else None)
         rep = candidates[k]
-        seq.replica_arrival = self.env.now
         self.requests.routed(seq.index, rep.id, rep.pool.index)
+        frontend = rep.pool.spec.frontend
+        if frontend is None:
+            return self.deliver(seq, rep)
+        delay = to_ps(draw_ms(frontend, self.frontend_rng, seq.num_prompt_tokens) / 1000)
+        self.env.timeout(delay).callbacks.append(lambda _: self.deliver(seq, rep))
+
+    def deliver(self, seq: SimSequence, rep: Replica) -> None:
+        """The request reaches the replica's engine (after its front end, when the pool models one)."""
+        if rep.state not in ("ready", "draining"):  # it failed or went while the request was on its way
+            return self.route(seq)
+        seq.replica_arrival = self.env.now
         try:
             rep.submit(seq)
         except RequestRejected:

@@ -22,6 +22,7 @@ from autoscaler.yamlfile import Document, document, dotted, parse
 from engine.core.scheduler import whole_prefill_error
 from simulator.dists import Dist
 from simulator.flow import Band, SaturationDetector
+from simulator.frontend import frontend_from_provenance
 from simulator.promql import PromQLError, compile_query
 from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.router import Router
@@ -68,6 +69,7 @@ class PoolSpec:
     cost_per_hour: float = 0.0
     step_overhead_ms: float = 0.0  # engine time per step outside the model (scheduling, output handling)
     wakeup_ms: float = 0.0  # from an arrival at an idle replica to its first step (the loop's wake-up)
+    frontend: dict | None = None  # the HTTP front end: each request's delay drawn from it (frontend.py)
     failure: FailureSpec | None = None
     autoscaler: dict | None = None
 
@@ -200,6 +202,8 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
         lm = resolve(lm, base)
     if p.get("settings_from_model"):
         kw = {**_model_settings(doc, lm, "kv_memory" not in p), **kw}  # the pool's own fields win
+    if p.get("frontend_from_model"):
+        kw["frontend"] = _model_frontend(doc, lm)
     if "kv_memory" in p:
         km = p["kv_memory"]
         kw["kv_memory"] = {
@@ -265,6 +269,20 @@ def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:
             raise doc.error(("settings_from_model",), f"the latency model records {key} = {value}, more "
                             f"than the limit of {limits[key]}")
     return out
+
+
+def _model_frontend(doc: Document, lm: str) -> dict:
+    """The front end a black-box calibration measured (calibrate --from-server): its delay's quantiles."""
+    from simulator.latency import load_latency_model
+
+    try:
+        prov = load_latency_model(lm).provenance
+    except (OSError, ValueError) as exc:
+        raise doc.error(("frontend_from_model",), f"cannot read the latency model: {exc}") from None
+    try:
+        return frontend_from_provenance(prov)
+    except ValueError as exc:
+        raise doc.error(("frontend_from_model",), str(exc)) from None
 
 
 SCHEDULE_POLLING = inspect.signature(SchedulePolicy).parameters["polling_interval"].default

@@ -199,6 +199,7 @@ POOL = mapping(
         "step_overhead_ms": NONNEG,
         "wakeup_ms": NONNEG,
         "settings_from_model": BOOL,  # scheduling settings not given here: the latency model's recorded ones
+        "frontend_from_model": BOOL,  # each request first waits a delay drawn from the measured front end
         "failure": mapping(
             {"mtbf": at_least(POS, MIN_MTBF), "repair": DIST, "on_failure": {"enum": ["retry", "drop"]}},
             ("mtbf",),

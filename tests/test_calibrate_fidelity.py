@@ -87,15 +87,17 @@ def _http_ms(url: str, model, requests: int = 10) -> float:
     return max(0.0, float(np.median(extra)))
 
 
-def _simulate(real: dict, output, model_path, http_ms: float, wakeup_ms: float = 0.0) -> dict:
+def _simulate(real: dict, output, model_path, http_ms: float | None, wakeup_ms: float = 0.0) -> dict:
+    """http_ms: the HTTP path as one latency; None: each request's drawn from the model's front end."""
     from simulator.run import simulate
     from simulator.scenario import load_scenario
     from simulator.workload import Workload
 
     sc = load_scenario({"seed": 0, "workload": {"trace": {"format": "csv", "path": "unused.csv"}},
-                        "router": {"policy": "round_robin", "latency_ms": http_ms},
+                        "router": {"policy": "round_robin", "latency_ms": http_ms or 0.0},
                         "pools": [{"name": "tiny", "latency_model": str(model_path), "replicas": 1,
-                                   "settings_from_model": True, "wakeup_ms": wakeup_ms}]})
+                                   "settings_from_model": True, "wakeup_ms": wakeup_ms,
+                                   "frontend_from_model": http_ms is None}]})
     wl = Workload(real["sent"] - real["sent"][0], real["prompt"].copy(), output.copy())
     f = simulate(sc, workload=wl, plots=False).fleet
     ttft = (f.requests.first_token - f.arrival_ps) / 1e12
@@ -140,7 +142,7 @@ def _compare(tmp_path, n: int, budget: float, pairs: int, p50_tol: float, p90_to
         white.engine_settings = black.engine_settings  # the same server's settings for both
         white.save(d / "white.json")
         print(printed)
-        sims = {"black-box": _simulate(real, output, d / "black.json", black.provenance["frontend_ms"]),
+        sims = {"black-box": _simulate(real, output, d / "black.json", None),
                 "white-box": _simulate(real, output, d / "white.json", white_http, wakeup_ms)}
         for way, sim in sims.items():
             for k in ("ttft", "tpot", "e2e"):

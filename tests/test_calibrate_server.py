@@ -132,6 +132,10 @@ def check_ground_truth(name: str, tmp_path: Path, budget: float, capsys) -> dict
     assert settings["max_num_seqs"] == ENGINE["max_num_seqs"]
     assert settings["num_kv_blocks"] == ENGINE["num_kv_blocks"] and settings["block_size"] == 16
     assert settings["enable_prefix_caching"] is False and settings["max_model_len"] == ENGINE["max_model_len"]
+    # the idle requests' front-end delays, kept as ascending quantiles whose middle is the median used
+    q, median = fitted.provenance["frontend_ms_quantiles"], fitted.provenance["frontend_ms"]
+    assert len(q) == 101 and q == sorted(q) and q[0] >= 0 and q[10] <= median <= q[90]
+    assert "front end p10 / p50 / p90 / p99" in printed
     assert probe_err.max() <= 5.0, report
     assert grid_err.max() <= 10.0, report
     return report

@@ -61,6 +61,10 @@ SCENARIO_MEANINGS = {
                                 "(max_num_batched_tokens then defaults to max_model_len)"),
     "pools[].cost_per_hour": "price of one replica an hour, for the cost report",
     "pools[].wakeup_ms": "from an arrival at an idle replica to its first step (`profile --from-run`)",
+    "pools[].settings_from_model": "scheduling settings not given here: those the latency model recorded of "
+                                   "its server (`calibrate --from-server`)",
+    "pools[].frontend_from_model": "each request first waits a delay drawn from the HTTP front end the "
+                                   "latency model measured (`calibrate --from-server`)",
     "pools[].failure": "replica failures: mean time between failures, repair time",
     "pools[].autoscaler": "this pool's autoscaler (else the scenario's): fixed, schedule or a policy spec",
     "autoscaler": "the autoscaler of every pool that has none of its own",

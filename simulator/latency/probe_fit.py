@@ -9,7 +9,8 @@ one curve over the tokens streamed, with a jump at each join (the decode pace an
 from every point, not from single gaps: a server may merge tokens into one chunk, and a stalled
 front end or client delivers several steps at once). Gaps between chunks of one stream come through
 the same path, so the front end's latency cancels in them; it is estimated last, as the idle TTFT
-less the fitted prefill step, and the idle prefill rows then join the fit.
+less the fitted prefill step, and the idle prefill rows then join the fit. The idle requests' delays
+are kept as quantiles too (simulator.frontend): a pool may draw each request's front end from them.
 
 Times are the client's clock in seconds; no I/O here (controlplane.calibrate_probe sends the load).
 """
@@ -22,6 +23,7 @@ import numpy as np
 from scipy.optimize import linprog
 
 from engine.core.profile_csv import MIXED_COLUMNS, PROFILE_COLUMNS
+from simulator.frontend import delay_quantiles
 from simulator.latency.fit import calibrate, fit
 from simulator.latency.model import LatencyModel
 from simulator.latency.profile import Profile, parse_rows
@@ -235,4 +237,8 @@ def fit_probes(probes: list[Probe], key: tuple[str, str, str, int], frac: float 
     model.provenance["window_scale"] = window_scale(model, probes)
     model.provenance["frontend_ms"] = frontend
     model.provenance["frontend_ms_per_prompt_token"] = per_token
+    if ttfts:  # each idle request's delay beside the final model's prefill step: the spread, not one median
+        lengths, ms = np.array(ttfts, dtype=float).T
+        delays = ms - model.step_ms_array(lengths, lengths, 0, 0) - per_token * lengths
+        model.provenance["frontend_ms_quantiles"] = delay_quantiles(delays)
     return ProbeFit(model, heldout, rows, frontend, per_token)

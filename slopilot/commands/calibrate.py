@@ -194,6 +194,10 @@ def run_from_server(args: argparse.Namespace) -> int:
     print(f"{model}: {len(result.rows)} step rows from {len(probes)} probes; front end "
           f"{result.frontend_ms:.2f} ms + {1000 * result.frontend_ms_per_token:.2f} us a prompt token "
           "(idle TTFT less the prefill step)")
+    q = model.provenance.get("frontend_ms_quantiles")
+    if q:
+        print(f"  front end p10 / p50 / p90 / p99: {q[10]:.2f} / {q[50]:.2f} / {q[90]:.2f} / {q[99]:.2f} ms "
+              "(a pool with frontend_from_model draws each request's from these)")
     for line in model.provenance["probe"]["cross_check"]:
         print("  /metrics: " + line)
     print(f"held-out error (random {args.holdout_frac:.0%}):")

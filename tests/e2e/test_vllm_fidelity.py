@@ -1,7 +1,8 @@
 """Fidelity against a real vLLM: `slopilot calibrate --from-server` probes the live server from the
 outside, then a Poisson workload of streamed requests is sent (arrival times and lengths recorded by
 the client), and the simulator, given the same arrivals and lengths, the calibrated model, the pool's
-settings from that model and the front end's latency as the router's, predicts TTFT, TPOT and E2E.
+settings and front end from that model (each request's delay drawn from the probe's idle requests),
+predicts TTFT, TPOT and E2E.
 The bar: medians within 10%, p90 within 15% (median error over three pairs in the slow test, one pair
 here). The pipeline is checked hard (the calibration runs, reads vLLM's settings, the workload's
 tokens all arrive); a miss of the bar is reported as xfail with the measured errors, which
@@ -103,15 +104,15 @@ async def drive(url: str, arrivals, prompt, output, seed: int) -> dict:
             "stall_ms": (1000 * np.percentile(late, 99), 1000 * max(late))}
 
 
-def simulate(real: dict, output, model_path, http_ms: float) -> dict:
+def simulate(real: dict, output, model_path) -> dict:
     from simulator.run import simulate as run
     from simulator.scenario import load_scenario
     from simulator.workload import Workload
 
     sc = load_scenario({"seed": 0, "workload": {"trace": {"format": "csv", "path": "unused.csv"}},
-                        "router": {"policy": "round_robin", "latency_ms": http_ms},
+                        "router": {"policy": "round_robin"},
                         "pools": [{"name": "vllm", "latency_model": str(model_path), "replicas": 1,
-                                   "settings_from_model": True}]})
+                                   "settings_from_model": True, "frontend_from_model": True}]})
     wl = Workload(real["sent"] - real["sent"][0], real["prompt"].copy(), output.copy())
     f = run(sc, workload=wl, plots=False).fleet
     ttft = (f.requests.first_token - f.arrival_ps) / 1e12
@@ -141,7 +142,7 @@ def compare(url: str, tmp_path, n: int, pairs: int) -> dict:
         before = server_sums(url)
         real = asyncio.run(drive(url, arrivals, prompt, output, seed=100 + pair))
         after = server_sums(url)
-        sim = simulate(real, output, path, model.provenance["frontend_ms"])
+        sim = simulate(real, output, path)
         print(f"pair {pair}: load average {os.getloadavg()[0]:.1f}; client event loop late by "
               f"{real['stall_ms'][0]:.1f} ms p99, {real['stall_ms'][1]:.0f} ms at most")
         for k, name in SERVER_SIDE.items():
