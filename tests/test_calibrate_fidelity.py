@@ -3,16 +3,17 @@ black-box (`calibrate --from-server`: the probe load over HTTP) and white-box (`
 serving profile of the engine in process, fitted with the mean matched). A Poisson workload of
 streamed requests is sent over HTTP (arrival times and lengths recorded by the client); the simulator
 gets the same arrivals and lengths, the pool's settings from the model (settings_from_model), and the
-HTTP path as the router's latency. Each percentile's error is reported for both calibrations.
+HTTP path: drawn per request from the black-box model's front end, the idle median for the white-box.
+Each percentile's error is reported for both calibrations.
 
 The slow check repeats the calibrate-serve-simulate pair three times and takes the median error per
 percentile (10% on medians, 15% on p90), as tests/test_sim_fidelity.py does; the short one (one pair,
-medians within 50%) is a check of the pipeline. Both are kept out of `make test` (minutes each). The
-short one passes; the three-pair one does not yet, so it is marked xfail. Measured (three pairs, quiet
-machine): black-box five of six within the bars (TTFT p50 -0.3%, TPOT p50 +7.2% / p90 +1.6%, E2E
-+6.5% / +6.6%); TTFT p90 -25.8%: the real server's first-token spread, set by its HTTP path, is wider
-than the simulated one. White-box (the in-process profile) misses TPOT by -36% at p50: the server's
-pace includes its HTTP streaming, which only the outside probe measures.
+medians within 50%) is a check of the pipeline. Both are kept out of `make test` (minutes each).
+Measured (three pairs, quiet machine): black-box within every bar (TTFT -6.2% / -4.8%, TPOT +5.0% /
+-3.7%, E2E +5.3% / +5.2%), each request's front end drawn from the probe's idle requests (a pool with
+frontend_from_model; with the median alone TTFT p90 came out 26% low). White-box (the in-process
+profile) misses TPOT by 35% at p50: the server's pace includes its HTTP streaming, which only the
+outside probe measures.
 """
 
 import asyncio
@@ -158,15 +159,11 @@ def _compare(tmp_path, n: int, budget: float, pairs: int, p50_tol: float, p90_to
     return report
 
 
-NOT_YET = "p90s: the tiny server's HTTP streaming widens its spread beyond the simulator's (docstring)"
-
-
 @pytest.mark.slow
 def test_tiny_server_black_and_white_box_short(tmp_path, capsys):
     _compare(tmp_path, 100, budget=25, pairs=1, p50_tol=0.5, p90_tol=float("inf"), capsys=capsys)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason=NOT_YET, strict=False)
 def test_tiny_server_black_and_white_box_300(tmp_path, capsys):
     _compare(tmp_path, 300, budget=60, pairs=3, p50_tol=0.10, p90_tol=0.15, capsys=capsys)
