@@ -2,11 +2,12 @@
 client and the engine taking it (with the first token's way back), drawn per request.
 
 Black-box calibration (calibrate --from-server) measures it on the probe's requests to an idle server:
-each one's TTFT less the fitted prefill step. Those delays are not one number: on our own server the
-middle 80% spread over 2-6 ms around a 3.3-ms median (the event loop and the engine thread sharing the
-GIL and the core), and a constant put every simulated first token at the median, so the simulated
-TTFT p90 came out a quarter below the served one. The model keeps the delays' quantiles; a pool with
-`frontend_from_model` draws each request's delay from them (inverse CDF, linear between quantiles).
+each one's TTFT less the fitted prefill step. Those delays are not one number. On our own server the
+middle 80% spread over about 2-6.5 ms around a 3.3-ms median (likely the event loop and the engine
+thread sharing the GIL and the core). A constant put every simulated first token at the median, and
+the simulated TTFT p90 came out a quarter below the served one. The model keeps the delays'
+quantiles; a pool with `frontend_from_model` draws each request's delay from them (inverse CDF,
+linear between quantiles).
 """
 
 from __future__ import annotations
