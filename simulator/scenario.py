@@ -250,14 +250,19 @@ MODEL_SETTINGS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max
                   "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill"}
 
 
-def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:
-    """The scheduling settings a latency model recorded of the server it was calibrated on."""
+def _recorded(doc: Document, lm: str, key: str):
+    """The latency model a `..._from_model` option reads; a file it cannot read is named at that key."""
     from simulator.latency import load_latency_model
 
     try:
-        recorded = load_latency_model(lm).engine_settings
+        return load_latency_model(lm)
     except (OSError, ValueError) as exc:
-        raise doc.error(("settings_from_model",), f"cannot read the latency model: {exc}") from None
+        raise doc.error((key,), f"cannot read the latency model: {exc}") from None
+
+
+def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:
+    """The scheduling settings a latency model recorded of the server it was calibrated on."""
+    recorded = _recorded(doc, lm, "settings_from_model").engine_settings
     out = {MODEL_SETTINGS[k]: v for k, v in recorded.items() if k in MODEL_SETTINGS}
     if not kv_blocks:
         out.pop("kv_blocks", None)
@@ -273,14 +278,8 @@ def _model_settings(doc: Document, lm: str, kv_blocks: bool) -> dict:
 
 def _model_frontend(doc: Document, lm: str) -> dict:
     """The front end a black-box calibration measured (calibrate --from-server): its delay's quantiles."""
-    from simulator.latency import load_latency_model
-
     try:
-        prov = load_latency_model(lm).provenance
-    except (OSError, ValueError) as exc:
-        raise doc.error(("frontend_from_model",), f"cannot read the latency model: {exc}") from None
-    try:
-        return frontend_from_provenance(prov)
+        return frontend_from_provenance(_recorded(doc, lm, "frontend_from_model").provenance)
     except ValueError as exc:
         raise doc.error(("frontend_from_model",), str(exc)) from None
 

@@ -84,3 +84,12 @@ def test_frontend_from_a_model_without_one_names_the_field(tmp_path):
     path = _model(tmp_path, {})
     with pytest.raises(ValueError, match="frontend_from_model.*records no front end"):
         _ttft(path, True)
+
+
+@pytest.mark.parametrize("key", ["settings_from_model", "frontend_from_model"])
+def test_an_unreadable_model_is_named_at_the_option_that_reads_it(tmp_path, key):
+    path = tmp_path / "broken.model.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{key}.*cannot read the latency model"):
+        load_scenario({"seed": 0, "workload": {"trace": {"format": "csv", "path": "unused.csv"}},
+                       "pools": [{"name": "p", "latency_model": str(path), key: True}]})
