@@ -220,7 +220,12 @@ def test_prefix_affinity_live_matches_the_simulator():
     # emulated engines (the real scheduler and block manager, steps timed by the cpu-tiny model) and
     # the trace's first 300 requests: conversations are young there, affinity wins less than 2x
     res = check_prefix_affinity(300, 20, "--emulate", "cpu-tiny")
-    assert res["affinity"] > 1.25 * res["round_robin"]
+    # here even one cache holding every prompt hits only ~9.4% of prompt tokens, and round robin's share
+    # rides on the arrival order (5.0% simulated in trace order, 6.0% over jittered orders, 7.4% and
+    # 7.9% live in two runs), so a fixed 1.25x margin over round robin failed on lucky orders (7.4%
+    # against affinity's 9.2%). The router is measured against that ceiling instead: prefix-aware
+    # placement gets nearly all of it.
+    assert res["affinity"] >= 0.85 * res["bound"] and res["affinity"] > res["round_robin"]
     assert abs(res["affinity"] - res["sim_affinity"]) <= 0.10
     assert abs(res["round_robin"] - res["sim_round_robin"]) <= 0.10
 
