@@ -17,12 +17,16 @@ DEFAULT_DOWNSCALE_WINDOW = 300  # --horizontal-pod-autoscaler-downscale-stabiliz
 SCALE_UP_LIMIT_FACTOR = 2.0  # legacy path: at most max(2 x current, 4)
 SCALE_UP_LIMIT_MINIMUM = 4.0
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 
 def to_milli(value: float) -> int:
-    """A float metric as a milli-quantity: 3 decimals, NaN/Inf/negative as 0 (what KEDA reports)."""
+    """A float metric as a milli-quantity: 3 decimals, NaN/Inf/negative as 0 (what KEDA reports),
+    capped at int64 (a quantity's range; value * 1000 would overflow a float past ~1.8e305)."""
     if value is None or math.isnan(value) or math.isinf(value) or value <= 0:
         return 0
+    if value >= INT64_MAX / 1000:
+        return INT64_MAX
     return int(round(float(f"{value:.3f}") * 1000))
 
 

@@ -91,7 +91,8 @@ class KpaPolicy(Policy):
 
     def load_state_dict(self, state: dict) -> None:
         self.state = KpaState(state.get("panic_time"), state.get("max_panic_pods", 0))
-        self.samples = [list(x) for x in state.get("samples", [])]
+        # a saved window never holds a sample no decision could use (one would stall it)
+        self.samples = [list(x) for x in state.get("samples", []) if all(map(math.isfinite, x))]
         self.delay = [list(x) for x in state.get("delay", [])]
 
     def _value(self, obs: Observation) -> float | None:
@@ -105,6 +106,9 @@ class KpaPolicy(Policy):
         v = self._value(obs)
         if v is None:
             return Decision(obs.current_replicas, False, "kpa: no data, no change")
+        if not math.isfinite(v) or v < 0:  # a failed read: never enters the windows
+            return Decision(obs.current_replicas, obs.current_replicas > 0,
+                            f"kpa: unusable value {v!r}, keeping {obs.current_replicas}")
         now = obs.time
         self.samples.append([now, v])
         self.samples = [s for s in self.samples if s[0] > now - self.spec.stable_window]

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
+from autoscaler.screen import screen
 
 
 class ScaleError(Exception):
@@ -43,12 +44,19 @@ def clamp(desired: int, low: int, high: int) -> int:
 
 
 def decide(policy: Policy, obs: Observation) -> Decision:
-    """The policy's decision, or a hold of the current count when a metric it needs failed."""
+    """The policy's decision, or a hold of the current count when a metric it needs failed (an
+    out-of-range value counts as failed: autoscaler.screen, which moves it into obs.errors in place)."""
+    screen(obs)
     if obs.errors and not policy.handles_errors:
         failed = ", ".join(sorted(obs.errors))
         return Decision(obs.current_replicas, obs.current_replicas > 0,
                         f"hold: metrics unavailable ({failed}), keeping {obs.current_replicas}")
-    return policy.decide(obs)
+    try:
+        return policy.decide(obs)
+    except (ArithmeticError, ValueError) as exc:  # a value the screen let through: a hold, not a crash
+        return Decision(obs.current_replicas, obs.current_replicas > 0,
+                        f"hold: policy failed on this tick's values ({type(exc).__name__}: {exc}), "
+                        f"keeping {obs.current_replicas}")
 
 
 def reconcile(policy: Policy, obs: Observation, target: ScaleTarget) -> Step:

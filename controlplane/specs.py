@@ -15,6 +15,7 @@ from pathlib import Path
 
 from autoscaler.spec import Spec, load_spec
 from autoscaler.yamlfile import parse
+from controlplane.state import name_problem
 
 AUTOSCALER_KINDS = ("ScaledObject", "InferenceAutoscaler")
 _SEPARATOR = re.compile(r"^---\s*(#.*)?$")
@@ -65,6 +66,9 @@ def load(paths: list[str | Path]) -> Loaded:
                 raise doc.error((), "a manifest must be a mapping")
             kind, meta = data.get("kind"), data.get("metadata") or {}
             if kind in AUTOSCALER_KINDS:
+                problem = name_problem(meta.get("name") if isinstance(meta, dict) else None)
+                if problem is not None:  # before anything makes a path of it
+                    raise doc.error(("metadata", "name"), problem)
                 got.specs.append((load_spec(doc, str(path)), path))
             elif kind in ("TriggerAuthentication", "ClusterTriggerAuthentication"):
                 got.trigger_auths[meta.get("name", "")] = data

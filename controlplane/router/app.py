@@ -67,8 +67,11 @@ class RouterApp:
         st, cfg = self.st, self.st.cfg
         st.upstream = Upstream(cfg.connect_timeout)
         self._stop = asyncio.Event()
-        await st.pool.refresh(st.upstream)  # know the endpoints before the first request
-        self._task = asyncio.create_task(st.pool.run(st.upstream, self._stop))
+        try:
+            await st.pool.refresh(st.upstream)  # know the endpoints before the first request
+        except Exception:  # the loop retries; a broken engine must not stop the router starting
+            log.exception("the first endpoint refresh failed")
+        self._task = asyncio.create_task(st.pool.supervise(st.upstream, self._stop))
 
     async def shutdown(self) -> None:
         self._stop.set()
@@ -158,8 +161,11 @@ class RouterApp:
 
     def health(self, req: Request, conn: Connection) -> None:
         st = self.st
-        json_response(conn, 200, {"status": "ok", "ready_endpoints": len(st.pool.routable()),
-                                  "queued": len(st.gate.queue)}, req.method == "HEAD")
+        problem = st.pool.loop_problem()  # held requests are dispatched from that loop
+        json_response(conn, 503 if problem else 200,
+                      {"status": problem or "ok", "ready_endpoints": len(st.pool.routable()),
+                       "queued": len(st.gate.queue), "refresh_restarts": st.pool.loop_restarts},
+                      req.method == "HEAD")
 
 
 JSON = [(b"content-type", b"application/json")]

@@ -22,9 +22,13 @@ _WANTED = {name: agg for agg, names in GAUGES.items() for name in names}
 METRICS_QUERY = urlencode([("name[]", n) for n in sorted(_WANTED)])
 
 
-def read_gauges(text: str) -> tuple[dict[str, float], set[str]]:
+MAX_GAUGE = 1e9  # no engine queues or runs more requests; a larger sample is a broken page
+
+
+def read_gauges(text: str, bad: list[str] | None = None) -> tuple[dict[str, float], set[str]]:
     """{num_waiting, num_running, kv_usage} from a text-format /metrics page (summed over the page's
-    series; KV usage averaged), and the model names its gauge series carry."""
+    series; KV usage averaged), and the model names its gauge series carry. A sample that is NaN,
+    infinite (+Inf, 1e999), negative or over MAX_GAUGE is skipped, and its line added to `bad`."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     models: set[str] = set()
@@ -43,7 +47,9 @@ def read_gauges(text: str) -> tuple[dict[str, float], set[str]]:
             value = float(parts[0])
         except (IndexError, ValueError):
             continue
-        if math.isnan(value):
+        if not 0.0 <= value <= MAX_GAUGE:  # NaN fails both comparisons
+            if bad is not None:
+                bad.append(line[:200])
             continue
         sums[agg] = sums.get(agg, 0.0) + value
         counts[agg] = counts.get(agg, 0) + 1
@@ -73,6 +79,7 @@ class Endpoint:
     failures: int = 0  # consecutive failed requests or scrapes
     models: set[str] = field(default_factory=set)
     served: int = 0
+    bad_samples: int = 0  # gauge samples skipped as out of range (logged once per endpoint)
 
     def serves(self, model: str) -> bool:
         """Whether it may take a request for `model` (any, while its page has shown no model name)."""
@@ -90,7 +97,7 @@ class Endpoint:
     def scraped(self, gauges: dict[str, float], models: set[str], outstanding_then: int, now: float) -> None:
         self.scraped_waiting = int(gauges.get("num_waiting", 0))
         self.num_running = int(gauges.get("num_running", 0))
-        self.kv_usage = float(gauges.get("kv_usage", 0.0))
+        self.kv_usage = min(1.0, float(gauges.get("kv_usage", 0.0)))
         self.outstanding_at_scrape = outstanding_then
         self.scraped_at = now
         self.models = models or self.models

@@ -14,6 +14,8 @@
     slopilot_router_requests_total{endpoint,code}                  answers by endpoint and HTTP status
     slopilot_router_retries_total{reason}, slopilot_router_ejections_total{endpoint}
     slopilot_router_endpoint_healthy{endpoint}
+    slopilot_router_bad_samples_total{endpoint}                    /metrics samples skipped (out of range)
+    slopilot_router_loop_restarts_total                            times the refresh loop died and restarted
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class RouterMetrics:
                                  ["endpoint"], registry=r)
         self.healthy = Gauge("slopilot_router_endpoint_healthy", "1 while the endpoint takes requests",
                              ["endpoint"], registry=r)
+        self.bad_samples = Counter("slopilot_router_bad_samples", "Scraped gauge samples skipped as out of "
+                                   "range (NaN, infinite, negative, huge)", ["endpoint"], registry=r)
+        self.loop_restarts = Counter("slopilot_router_loop_restarts", "Times the endpoint refresh loop died "
+                                     "and was restarted", registry=r)
 
         self._children: dict[tuple, object] = {}
 
@@ -84,7 +90,7 @@ class RouterMetrics:
 
     def forget(self, endpoint: str) -> None:
         self._children = {k: v for k, v in self._children.items() if endpoint not in k[1:]}
-        for g in (self.inflight, self.inflight_tokens, self.healthy):
+        for g in (self.inflight, self.inflight_tokens, self.healthy, self.bad_samples):
             try:
                 g.remove(endpoint)
             except KeyError:

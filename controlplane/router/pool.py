@@ -5,6 +5,11 @@ drains: it finishes what it has and gets nothing new) and scrapes each live endp
 refused connection ejects an endpoint at once; other failures (a 5xx, a timeout, a failed scrape)
 eject it after `eject_after` in a row. Ejected endpoints get a GET /health every health interval and
 come back on a 200.
+
+The loop must outlive any page an engine sends: out-of-range samples are skipped (logged once per
+endpoint, counted in slopilot_router_bad_samples_total), an unreadable page is a failed scrape, and
+`supervise` restarts the loop if it dies anyway (logged, counted, and /health answers 503 while it
+is down or stalled), since held requests are dispatched from it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class Pool:
         self._next_id = 0
         self._routable: list[Endpoint] | None = None  # cached; reset whenever health or membership changes
         self.on_change: Callable[[], None] = lambda: None  # the gate's pump: capacity may have freed
+        self.loop_alive = False  # the refresh loop runs (False while it restarts after dying)
+        self.loop_restarts = 0
+        self.refreshed_at = clock()  # when the last refresh round finished
 
     # -- membership ------------------------------------------------------------------------------
     def sync(self, urls: list[str]) -> None:
@@ -100,8 +108,20 @@ class Pool:
         if status >= 400:
             self.failed(ep, f"scrape: HTTP {status}")
             return
-        gauges, models = read_gauges(body.decode("utf-8", "replace"))
-        ep.scraped(gauges, models, then, t)
+        bad: list[str] = []
+        try:
+            gauges, models = read_gauges(body.decode("utf-8", "replace"), bad)
+            ep.scraped(gauges, models, then, t)
+        except Exception as exc:  # a page no engine should send: a failed scrape, never a dead loop
+            self.failed(ep, f"scrape: unreadable /metrics page ({exc!r})")
+            return
+        if bad:
+            if not ep.bad_samples:
+                log.warning("endpoint %s: /metrics samples out of range skipped (NaN, infinite, negative "
+                            "or over 1e9; logged once per endpoint, counted in "
+                            "slopilot_router_bad_samples_total): %s", ep.url, "; ".join(bad[:3]))
+            ep.bad_samples += len(bad)
+            self.metrics.child(self.metrics.bad_samples, ep.url).inc(len(bad))
 
     async def refresh(self, client: Upstream) -> None:
         """One round: discovery, then a scrape of every endpoint that is not ejected."""
@@ -116,22 +136,54 @@ class Pool:
         self.on_change()
 
     async def check_health(self, client: Upstream) -> None:
-        for ep in [e for e in self.endpoints.values() if not e.healthy]:
+        """Every ejected endpoint at once (one round takes one timeout, not one per endpoint)."""
+        await asyncio.gather(*(self._check(client, ep) for ep in self.endpoints.values() if not ep.healthy))
+
+    async def _check(self, client: Upstream, ep: Endpoint) -> None:
+        try:
+            status, _ = await client.get(ep.url, "/health", self.cfg.scrape_timeout)
+        except UpstreamError:
+            return
+        if status == 200 and not ep.healthy:
+            self.readmit(ep)
+            await self.scrape(client, ep)
+            self.on_change()
+
+    async def supervise(self, client: Upstream, stop: asyncio.Event) -> None:
+        """`run` until `stop`, started again (after a short pause) whenever it dies."""
+        while not stop.is_set():
             try:
-                status, _ = await client.get(ep.url, "/health", self.cfg.scrape_timeout)
-                ok = status == 200
-            except UpstreamError:
-                continue
-            if ok:
-                self.readmit(ep)
-                await self.scrape(client, ep)
-                self.on_change()
+                self.loop_alive = True
+                await self.run(client, stop)
+            except Exception:
+                self.loop_alive = False
+                self.loop_restarts += 1
+                self.metrics.loop_restarts.inc()
+                log.exception("the endpoint refresh loop died; restarting it (restart %d)",
+                              self.loop_restarts)
+                try:
+                    await asyncio.wait_for(stop.wait(), min(1.0, 5 * self.cfg.refresh_interval))
+                except asyncio.TimeoutError:
+                    pass
+        self.loop_alive = False
+
+    def loop_problem(self) -> str | None:
+        """Why the refresh loop is not doing its job now (None: it is)."""
+        if not self.loop_alive:
+            return f"the endpoint refresh loop is down (restarts: {self.loop_restarts})"
+        # a round waits one scrape timeout, then one health-check timeout, then the interval
+        age, bound = self.clock() - self.refreshed_at, 5.0 + 2 * self.cfg.scrape_timeout \
+            + 10 * self.cfg.refresh_interval
+        if age > bound:
+            return f"the endpoint refresh loop has not finished a round for {age:.1f} s"
+        return None
 
     async def run(self, client: Upstream, stop: asyncio.Event) -> None:
         next_health = self.clock()
         while not stop.is_set():
             t0 = self.clock()
             await self.refresh(client)
+            self.refreshed_at = self.clock()
             if self.clock() >= next_health:
                 next_health = self.clock() + self.cfg.health_interval
                 await self.check_health(client)
