@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from simulator.promql import functions as shared
+from simulator.promql.bounds import query_problem
 
 Labels = dict[str, str]
 Vector = list[tuple[Labels, float]]
@@ -218,6 +219,9 @@ class _Parser:
 
 def parse(query: str):
     """The query's syntax tree; Unsupported (a ValueError) when outside the subset or malformed."""
+    problem = query_problem(query)
+    if problem is not None:
+        raise Unsupported(f"query {query[:200]!r}: {problem}")
     try:
         p = _Parser(query)
         tree = p.expr()

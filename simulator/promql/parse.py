@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import promql_parser as pp
 
+from simulator.promql.bounds import query_problem
 from simulator.promql.functions import AGGREGATIONS, FUNCTIONS
 
 
@@ -130,15 +131,26 @@ def promql_duration(d: timedelta) -> str:
 
 
 def compile_query(text: str) -> object:
-    """The syntax tree of `text`; PromQLError naming what does not parse or is not supported."""
+    """The syntax tree of `text`; PromQLError naming what does not parse or is not supported (or is
+    too large to parse: simulator.promql.bounds)."""
+    problem = query_problem(text)
+    if problem is not None:
+        raise PromQLError(f"query {_short(text)}: {problem}")
     try:
         tree = pp.parse(text)
-    except (ValueError, TypeError) as exc:
-        raise PromQLError(f"query {text!r} does not parse: {exc}") from None
-    node = _convert(tree)
+    except (ValueError, TypeError, OverflowError) as exc:  # OverflowError: a duration past timedelta's
+        raise PromQLError(f"query {_short(text)} does not parse: {exc}") from None
+    try:
+        node = _convert(tree)
+    except OverflowError as exc:  # the parser's durations become timedeltas as they are read
+        raise PromQLError(f"query {_short(text)}: a duration is out of range ({exc})") from None
     if node.type not in ("vector", "scalar", "matrix"):
         raise PromQLError(f"query {text!r}: a {node.type} is not a query result the evaluator answers")
     return node
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
 
 
 def _unsupported(what: str) -> PromQLError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -41,12 +42,15 @@ def duration_ms(text: str, flag: str) -> int:
     from simulator.promql.parse import ms
 
     try:
-        value = round(float(text) * 1000)
+        number = float(text)
     except ValueError:
-        try:
-            value = ms(promql_parser.parse_duration(text))
-        except ValueError:
-            raise ValueError(f"{flag} {text!r}: not seconds nor a duration such as 15s") from None
+        number = None
+    if number is not None and not math.isfinite(number) or len(text) > 64:
+        raise ValueError(f"{flag} {text[:64]!r}: not seconds nor a duration such as 15s")
+    try:
+        value = round(number * 1000) if number is not None else ms(promql_parser.parse_duration(text))
+    except (ValueError, OverflowError):
+        raise ValueError(f"{flag} {text!r}: not seconds nor a duration such as 15s") from None
     if value <= 0:
         raise ValueError(f"{flag} {text!r}: must be longer than 0")
     return value
