@@ -1,4 +1,5 @@
-"""The InferenceAutoscaler CRD, derived from the spec schema in autoscaler.schema.
+"""The InferenceAutoscaler CRD, derived from the spec schema in autoscaler.schema (with every registered
+policy type).
 
     python -m autoscaler.crd > deploy/crds/inferenceautoscaler.yaml
 
@@ -13,7 +14,7 @@ import copy
 
 import yaml
 
-from autoscaler.schema import GROUP, INFERENCE_AUTOSCALER, VERSION
+from autoscaler.schema import GROUP, VERSION, inference_autoscaler
 
 OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
@@ -53,14 +54,15 @@ def structural(node: object) -> object:
 
 
 def crd() -> dict:
-    schema = copy.deepcopy(INFERENCE_AUTOSCALER)
+    schema = copy.deepcopy(inference_autoscaler())
     schema["properties"]["metadata"] = {"type": "object"}  # the API server owns metadata's schema
     schema["properties"]["status"] = copy.deepcopy(OPEN_OBJECT)
     policies = schema["properties"]["spec"]["properties"]["policy"]["properties"]
-    for name in ("keda", "hpa"):  # trigger metadata is an open map in KEDA too
-        trigger = policies[name]["properties"]["triggers"]["items"]["properties"]
-        trigger["metadata"] = copy.deepcopy(OPEN_OBJECT)
-        trigger["authenticationRef"] = copy.deepcopy(OPEN_OBJECT)
+    for block in policies.values():  # trigger metadata is an open map in KEDA too
+        triggers = block.get("properties", {}).get("triggers", {}).get("items", {}).get("properties")
+        if triggers is not None:
+            triggers["metadata"] = copy.deepcopy(OPEN_OBJECT)
+            triggers["authenticationRef"] = copy.deepcopy(OPEN_OBJECT)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from autoscaler.schema import POLICY, defaults_of
+from autoscaler.schema import defaults_of, policy_schema
 from autoscaler.spec import Spec
 
 NO_EQUIVALENT = {
@@ -72,7 +72,7 @@ def to_scaled_object(spec: Spec, server_address: str = "http://prometheus:9090")
         if behavior:
             out_spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior}}
     elif spec.policy_type == "ratio":
-        o = {**defaults_of(POLICY["properties"]["ratio"]), **block}
+        o = {**defaults_of(policy_schema()["properties"]["ratio"]), **block}
         up, down = o["scaleUpThreshold"], o["scaleDownThreshold"]
         clamp, window = o["clamp"], o["windowSeconds"]
         triggers, terms = [], []

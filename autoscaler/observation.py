@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# groups of the fleet aggregates below, as a policy type declares what it reads (autoscaler.registry)
+# and a metric source fills them (each group one or two queries)
+AGGREGATES = ("arrival_rate", "mean_tokens", "num_waiting", "num_running", "kv_usage", "ttft", "tpot", "itl")
+
 
 @dataclass
 class Observation:

@@ -48,20 +48,10 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from autoscaler.keda import Trigger
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
 from autoscaler.seasonal import Profile
 from autoscaler.slo import SloTarget
-
-# spec option -> the trigger name its query is read under (obs.metrics)
-SIGNALS = {"arrivalsQuery": "arrivals", "queueQuery": "queue", "batchArrivalsQuery": "batch_arrivals",
-           "batchQueueQuery": "batch_queue"}
-
-
-def signal_triggers(options: dict) -> list[Trigger]:
-    """The fast-signal queries a sloModel block sets, as triggers (read as any trigger, live or simulated)."""
-    return [Trigger(name, options[key], 0.0) for key, name in SIGNALS.items() if options.get(key)]
 
 
 class StepTimeModel(Protocol):

@@ -133,3 +133,17 @@ def check(schema: dict, doc: Document | object) -> None:
     found = problems(schema, doc.data)
     if found:
         raise ValueError("; ".join(doc.message(path, reason) for path, reason in found))
+
+
+def with_defaults(properties: dict, defaults: dict) -> dict:
+    """properties with each default stated (JSON Schema's `default` annotation; it validates nothing)."""
+    out = dict(properties)
+    for k, value in defaults.items():
+        if k in out:  # an integer field states an integer default (the CRD's schema requires it)
+            out[k] = {**out[k], "default": int(value) if out[k].get("type") == "integer" else value}
+    return out
+
+
+def defaults_of(schema: dict) -> dict:
+    """The default of each field of an object schema that states one, by field name."""
+    return {k: v["default"] for k, v in schema.get("properties", {}).items() if "default" in v}

@@ -65,8 +65,8 @@ def build_loops(loaded: Loaded, target_for: Callable[[Spec], object],
     several = len(loaded.specs) > 1
     loops = []
     for spec, path in loaded.specs:
-        if spec.policy_type == "sloModel" and latency_model is None:
-            raise ValueError(f"{path}: {spec.name} is an sloModel policy: give --latency-model "
+        if spec.needs_latency_model and latency_model is None:
+            raise ValueError(f"{path}: {spec.name} is an {spec.policy_type} policy: give --latency-model "
                              f"(a shipped model name or a calibrated JSON)")
         policy = make_policy(spec, latency_model=latency_model)
         lp = log_path(decision_log, spec.name, several)

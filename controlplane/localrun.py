@@ -74,12 +74,13 @@ class LocalRun:
                                            sd_file=sd_file).start()
         spec = cfg.autoscaler
         model = None
-        if spec.policy_type == "sloModel":  # the emulated replicas' own step-time model
+        if spec.needs_latency_model:  # the emulated replicas' own step-time model
             from simulator.latency import load_latency_model
 
             model = load_latency_model(cfg.emulate) if cfg.emulate else None
             if model is None:
-                raise ValueError(f"{cfg.source}: an sloModel autoscaler needs an emulated fleet's model")
+                raise ValueError(f"{cfg.source}: an {spec.policy_type} autoscaler needs an emulated fleet's "
+                                 f"model")
         source = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True)
         log = DecisionLog(out / "decisions.csv", [t.name for t in spec.triggers])
         self.loop = AutoscalerLoop(spec, make_policy(spec, latency_model=model), source, self.fleet,

@@ -12,9 +12,9 @@ import pytest
 from autoscaler import yamlfile
 from autoscaler.crd import crd
 from autoscaler.kpa import KpaSpec
-from autoscaler.options import RATIO_OPTIONS, SLO_MODEL_OPTIONS
 from autoscaler.ratio import RatioPolicy
-from autoscaler.schema import INFERENCE_AUTOSCALER, POLICY, defaults_of
+from autoscaler.registry import lookup, option_fields
+from autoscaler.schema import defaults_of, inference_autoscaler, policy_schema
 from autoscaler.slo import SloTarget
 from autoscaler.slo_model import SloModelPolicy
 from autoscaler.spec import load_spec, make_policy
@@ -330,17 +330,17 @@ def _signature_defaults(cls) -> dict:
 
 
 def test_schema_defaults_are_the_policy_classes():
-    for ptype, cls, options in (
-        ("ratio", RatioPolicy, RATIO_OPTIONS),
-        ("sloModel", SloModelPolicy, SLO_MODEL_OPTIONS),
-    ):
-        block = POLICY["properties"][ptype]["properties"]
+    policy = policy_schema()
+    for ptype, cls in (("ratio", RatioPolicy), ("sloModel", SloModelPolicy)):
+        fields = option_fields(lookup(ptype))
+        options = {f.metadata["spec"]: f.name for f in fields}
+        block = policy["properties"][ptype]["properties"]
         assert set(options) == set(block), f"{ptype}: every option maps to a keyword of {cls.__name__}"
         sig = _signature_defaults(cls)
-        assert {options[k]: v for k, v in defaults_of(POLICY["properties"][ptype]).items()} == {
+        assert {options[k]: v for k, v in defaults_of(policy["properties"][ptype]).items()} == {
             kw: sig[kw] for kw in options.values()
         }
-    ia = defaults_of(INFERENCE_AUTOSCALER["properties"]["spec"])
+    ia = defaults_of(inference_autoscaler()["properties"]["spec"])
     assert ia["startupDelaySeconds"] == _signature_defaults(SloModelPolicy)["startup_delay"]
 
 
@@ -360,7 +360,7 @@ def test_a_spec_without_options_gets_the_class_defaults():
     )
     slo_model = make_policy(load_spec(SPEC.replace("type: ratio", "type: sloModel")), latency_model=_Step())
     plain = SloModelPolicy(spec.slos, _Step())
-    for kw in list(SLO_MODEL_OPTIONS.values()) + ["startup_delay"]:
+    for kw in [f.name for f in option_fields(lookup("sloModel"))] + ["startup_delay"]:
         attr = {"max_batch_seqs": "max_batch"}.get(kw, kw)
         assert getattr(slo_model, attr) == getattr(plain, attr), kw
     kpa = make_policy(load_spec(SPEC.replace("type: ratio", "type: kpa")))
@@ -374,4 +374,4 @@ def test_the_crd_states_the_same_defaults():
     policy = schema["properties"]["spec"]["properties"]["policy"]["properties"]
     for ptype in ("ratio", "sloModel", "kpa"):
         stated = {k: v["default"] for k, v in policy[ptype]["properties"].items() if "default" in v}
-        assert stated == defaults_of(POLICY["properties"][ptype]), ptype
+        assert stated == defaults_of(policy_schema()["properties"][ptype]), ptype

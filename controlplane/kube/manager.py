@@ -191,9 +191,9 @@ class KubeController:
         spec = load_spec({"apiVersion": obj.get("apiVersion"), "kind": kind,
                           "metadata": {"name": meta["name"], "namespace": ns}, "spec": obj.get("spec")},
                          f"{kind} {ns}/{name}")
-        if spec.policy_type == "sloModel" and self.latency_model is None:
-            raise ValueError("an sloModel policy needs the engines' step-time model: start the controller "
-                             "with --latency-model")
+        if spec.needs_latency_model and self.latency_model is None:
+            raise ValueError(f"an {spec.policy_type} policy needs the engines' step-time model: start the "
+                             "controller with --latency-model")
         policy = make_policy(spec, latency_model=self.latency_model)
         api_version, target_kind, target_name = target_ref(obj)
         res = self.resolver.resolve(api_version, target_kind)

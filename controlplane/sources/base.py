@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from autoscaler.observation import Observation
+from autoscaler.observation import AGGREGATES, Observation
 from autoscaler.prometheus import QueryError
 from controlplane.sources.names import candidates, promql
 from controlplane.sources.promql import Vector, bucket_quantile, format_duration
@@ -25,15 +25,6 @@ from simulator.scenario import Scenario
 
 DEFAULT_WINDOW = Scenario.rate_window  # the simulator's rate window: same lag live as simulated
 
-# groups of Observation fields, each read by one or two queries
-AGGREGATES = ("arrival_rate", "mean_tokens", "num_waiting", "num_running", "kv_usage", "ttft", "tpot", "itl")
-NEEDS = {  # what each policy reads (autoscaler/*.py); keda/hpa read only their triggers
-    "keda": (),
-    "hpa": (),
-    "ratio": ("arrival_rate", "ttft", "tpot", "itl"),
-    "sloModel": ("arrival_rate", "mean_tokens", "num_waiting"),
-    "kpa": ("arrival_rate", "num_running", "num_waiting"),
-}
 _HISTOGRAM_FIELD = {"ttft": "ttft_p", "tpot": "tpot_p", "itl": "itl_p"}
 
 
@@ -43,7 +34,8 @@ class MetricSource(Protocol):
 
 
 def needed(spec, aggregates) -> tuple[str, ...]:
-    """The aggregate groups to read: `aggregates` when given ("all" = every one), else the policy's."""
+    """The aggregate groups to read: `aggregates` when given ("all" = every one), else those the policy's
+    registered type declares (autoscaler.registry; keda and hpa read only their triggers)."""
     if aggregates == "all" or (aggregates is None and spec is None):
         return AGGREGATES
     if aggregates is not None:
@@ -51,7 +43,7 @@ def needed(spec, aggregates) -> tuple[str, ...]:
         if unknown:
             raise ValueError(f"aggregates: unknown {', '.join(unknown)} (known: {', '.join(AGGREGATES)})")
         return tuple(aggregates)
-    return NEEDS.get(spec.policy_type, AGGREGATES)
+    return spec.type.reads
 
 
 class MissingMetric(Exception):

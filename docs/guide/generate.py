@@ -5,7 +5,7 @@
 
 Field paths, types, limits, required fields and defaults come from the JSON Schemas the loaders check
 (simulator/scenario_schema.py, autoscaler/schema.py) and from the classes that hold the defaults; the
-one-line meanings below are the only hand-written part.
+one-line meanings below (and those each policy type's registration gives) are the only hand-written part.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autoscaler.schema import INFERENCE_AUTOSCALER, SCALED_OBJECT  # noqa: E402
+from autoscaler.registry import meanings  # noqa: E402
+from autoscaler.schema import SCALED_OBJECT, inference_autoscaler  # noqa: E402
 from simulator.scenario import ROUTER_DEFAULTS, PoolSpec, Scenario  # noqa: E402
 from simulator.scenario_schema import SCENARIO  # noqa: E402
 
@@ -90,28 +91,6 @@ SPEC_MEANINGS = {
     "spec.pollingInterval": "seconds between decisions",
     "spec.startupDelaySeconds": "what the policy assumes a new replica takes to serve (sloModel looks ahead)",
     "spec.slo": "the targets SLO-aware policies steer to",
-    "spec.policy.type": "which policy decides: keda, hpa, ratio, sloModel or kpa",
-    "spec.policy.keda": "KEDA semantics (triggers, activation, cooldown, fallback, scalingModifiers)",
-    "spec.policy.hpa": "a plain HPA on the same triggers (no scale to zero)",
-    "spec.policy.ratio": "the llm-d SLO ratio law on the measured TTFT/TPOT percentiles",
-    "spec.policy.sloModel": "model-based SLO headroom: predicts latency from the load with a latency model",
-    "spec.policy.kpa": "Knative's KPA on concurrency or request rate",
-    "spec.policy.sloModel.burstSlope": ("the burst forecast's slope: the short trend's, the last "
-                                        "interval's (last), or a line through the samples since the "
-                                        "burst's onset (onset)"),
-    "spec.policy.sloModel.arrivalsQuery": ("PromQL for the router's arrival counter: the rate now and the "
-                                           "burst test read its rise (fast signals; without it the 60-s "
-                                           "rate)"),
-    "spec.policy.sloModel.queueQuery": "PromQL for the router's gateway queue, added to the backlog",
-    "spec.policy.sloModel.fastWindowSeconds": "the arrival counter's rise over this window is the rate now",
-    "spec.policy.sloModel.seasonPeriodSeconds": "learn a time-of-day profile of this period (0: none)",
-    "spec.policy.sloModel.batchArrivalsQuery": ("PromQL for the batch band's arrival counter: batch is "
-                                                "provisioned at its mean rate, not its bursts"),
-    "spec.policy.sloModel.batchQueueQuery": "PromQL for the batch band's gateway queue",
-    "spec.policy.sloModel.burstNoiseFloor": ("the burst test's spread is at least sqrt(rate / "
-                                             "fastWindowSeconds), a counted rate's Poisson noise"),
-    "spec.policy.sloModel.batchDeadlineSeconds": ("the batch band's queue is provisioned to drain in half "
-                                                  "of this"),
     "spec.triggers[].metadata.query": "the PromQL query whose value is the metric",
     "spec.triggers[].metadata.threshold": "target value per replica (AverageValue) or in total (Value)",
     "spec.triggers[].metadata.activationThreshold": "the scaler is active above this value",
@@ -222,13 +201,14 @@ def scenario_page() -> str:
 
 
 def spec_page() -> str:
-    ia = INFERENCE_AUTOSCALER["properties"]
+    ia = inference_autoscaler()["properties"]
+    spec_meanings = {**SPEC_MEANINGS, **meanings()}  # each policy type's own, from its registration
     so = SCALED_OBJECT["properties"]["spec"]
     return (HEADER.format(source="autoscaler/schema.py") + "# Policy spec reference\n\n"
             "The same YAML drives `slopilot replay`, `slopilot simulate` (a pool's `autoscaler.spec`) and "
             "`slopilot control` (and the CRD in `deploy/crds/`, derived from the same schema).\n\n"
             f"## InferenceAutoscaler (`apiVersion: {ia['apiVersion']['const']}`)\n\n"
-            + table({"properties": {"spec": ia["spec"]}}, SPEC_MEANINGS, {})
+            + table({"properties": {"spec": ia["spec"]}}, spec_meanings, {})
             + "\nThe `spec.policy.keda` block takes the ScaledObject's KEDA fields below.\n\n"
             f"## KEDA ScaledObject (`apiVersion: {SCALED_OBJECT['properties']['apiVersion']['const']}`), "
             "accepted as-is\n\n"

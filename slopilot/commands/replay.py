@@ -102,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         interval = check_interval(spec.polling_interval, f"{spec_path}: the spec's polling interval")
     model = load_step_model(args.step_model) if args.step_model else None
+    if spec.needs_latency_model and model is None:
+        raise ValueError(f"{spec_path}: a {spec.policy_type} spec needs --step-model (a latency model from "
+                         "`slopilot calibrate`, or a shipped model's name)")
     try:
         policy = make_policy(spec, latency_model=model)
     except ValueError as exc:
-        if spec.policy_type == "sloModel" and model is None:
-            raise ValueError(f"{spec_path}: a sloModel spec needs --step-model (a latency model from "
-                             "`slopilot calibrate`, or a shipped model's name)") from None
         raise ValueError(f"{spec_path}: {exc}") from None
     initial = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
     if args.prometheus is not None:

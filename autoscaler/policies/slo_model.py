@@ -1,0 +1,86 @@
+"""The sloModel policy type: model-based SLO headroom (autoscaler.slo_model), planned with a step-time
+model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autoscaler.keda import Trigger
+from autoscaler.registry import PolicyType, option, param_default, register
+from autoscaler.slo_model import SloModelPolicy
+
+POS, NONNEG = {"type": "number", "exclusiveMinimum": 0}, {"type": "number", "minimum": 0}
+STR, BOOL = {"type": "string"}, {"type": "boolean"}
+
+
+def _o(spec_name: str, keyword: str, schema: dict, meaning: str = ""):
+    """An option whose default is SloModelPolicy's keyword default (written once, in its signature)."""
+    return option(spec_name, param_default(SloModelPolicy, keyword), schema, meaning)
+
+
+@dataclass(frozen=True)
+class SloModelOptions:  # field names are SloModelPolicy's keywords
+    margin: float = _o("margin", "margin", {"type": "number", "minimum": 0, "maximum": 0.9})
+    forecast_window: float = _o("forecastWindowSeconds", "forecast_window", POS)
+    scale_down_delay: float = _o("scaleDownDelaySeconds", "scale_down_delay", NONNEG)
+    max_batch_seqs: int = _o("maxBatchSeqs", "max_batch_seqs", {"type": "integer", "minimum": 1})
+    prompt_cv: float = _o("promptCV", "prompt_cv", NONNEG)
+    drain_seconds: float = _o("drainSeconds", "drain_seconds", POS)
+    # the short burst trend: its window, the rise it must predict, the noise gate
+    trend_window: float = _o("trendWindowSeconds", "trend_window", POS)
+    burst_rise: float = _o("burstRise", "burst_rise", NONNEG)
+    burst_z: float = _o("burstZ", "burst_z", NONNEG)
+    burst_slope: str = _o("burstSlope", "burst_slope", {"enum": ["trend", "last", "onset"]},
+                          "the burst forecast's slope: the short trend's, the last interval's (last), or a "
+                          "line through the samples since the burst's onset (onset)")
+    drop_on_fall: bool = _o("dropOnFall", "drop_on_fall", BOOL)
+    # fast router signals: PromQL for the arrival counter and the gateway queue
+    arrivals_query: str = _o("arrivalsQuery", "arrivals_query", STR,
+                             "PromQL for the router's arrival counter: the rate now and the burst test read "
+                             "its rise (fast signals; without it the 60-s rate)")
+    queue_query: str = _o("queueQuery", "queue_query", STR,
+                          "PromQL for the router's gateway queue, added to the backlog")
+    fast_window: float = _o("fastWindowSeconds", "fast_window", POS,
+                            "the arrival counter's rise over this window is the rate now")
+    # a learned time-of-day profile (period 0: none)
+    season_period: float = _o("seasonPeriodSeconds", "season_period", NONNEG,
+                              "learn a time-of-day profile of this period (0: none)")
+    season_bins: int = _o("seasonBins", "season_bins", {"type": "integer", "minimum": 1, "maximum": 10000})
+    season_weekly: bool = _o("seasonWeekly", "season_weekly", BOOL)
+    season_weight: float = _o("seasonWeight", "season_weight", {"type": "number", "minimum": 0, "maximum": 1})
+    # a deferrable batch band: its arrival counter, gateway queue and deadline
+    batch_arrivals_query: str = _o("batchArrivalsQuery", "batch_arrivals_query", STR,
+                                   "PromQL for the batch band's arrival counter: batch is provisioned at its "
+                                   "mean rate, not its bursts")
+    batch_queue_query: str = _o("batchQueueQuery", "batch_queue_query", STR,
+                                "PromQL for the batch band's gateway queue")
+    batch_deadline: float = _o("batchDeadlineSeconds", "batch_deadline", POS,
+                               "the batch band's queue is provisioned to drain in half of this")
+    # the burst test's spread at least a fast-window rate's counting noise
+    burst_noise_floor: bool = _o("burstNoiseFloor", "burst_noise_floor", BOOL,
+                                 "the burst test's spread is at least sqrt(rate / fastWindowSeconds), a "
+                                 "counted rate's Poisson noise")
+
+
+# option -> the trigger name its query is read under (obs.metrics)
+SIGNALS = {"arrivals_query": "arrivals", "queue_query": "queue", "batch_arrivals_query": "batch_arrivals",
+           "batch_queue_query": "batch_queue"}
+
+
+def signal_triggers(o: SloModelOptions) -> list[Trigger]:
+    """The fast-signal queries the options set, as triggers (read as any trigger, live or simulated)."""
+    return [Trigger(name, getattr(o, attr), 0.0) for attr, name in SIGNALS.items() if getattr(o, attr)]
+
+
+def build(spec, options: SloModelOptions, latency_model) -> SloModelPolicy:
+    return SloModelPolicy(spec.slos, latency_model, min_replicas=spec.min_replicas,
+                          max_replicas=spec.max_replicas, polling_interval=spec.polling_interval,
+                          startup_delay=spec.startup_delay, **dataclasses.asdict(options))
+
+
+SLO_MODEL = register(PolicyType(
+    "sloModel", build, reads=("arrival_rate", "mean_tokens", "num_waiting"), options=SloModelOptions,
+    needs_latency_model=True, needs_slo=True, triggers=signal_triggers,
+    meaning="model-based SLO headroom: predicts latency from the load with a latency model",
+))
