@@ -2,12 +2,14 @@
 
 Unknown fields are ignored (as vLLM does); wrong types and values outside vLLM's ranges fail
 validation and become HTTP 400. Text must be encodable as UTF-8 (JSON can carry lone surrogates).
-Fields we parse but do not implement are accepted at their neutral value only (unsupported()).
+Fields we parse but do not implement are accepted at their neutral value only (unsupported()),
+and so is every other field vLLM accepts that we do not implement (NOT_IMPLEMENTED: logit_bias,
+best_of, suffix, beam search, guided decoding, tools, ...): a 400 naming it, never silently ignored.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -30,6 +32,44 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 def _finite(ge: float | None = None, le: float | None = None, gt: float | None = None):
     return Field(None, ge=ge, le=le, gt=gt, allow_inf_nan=False)
+
+
+def _empty(v) -> bool:
+    return v is None or v is False or v == {} or v == []
+
+
+# vLLM request fields we do not implement -> whether a value is the neutral one (accepted, no effect)
+NOT_IMPLEMENTED = {
+    "logit_bias": _empty,
+    "best_of": lambda v: v is None or v == 1,
+    "use_beam_search": _empty,
+    "length_penalty": lambda v: v is None or v == 1.0,
+    "include_stop_str_in_output": _empty,
+    "allowed_token_ids": lambda v: v is None,
+    "bad_words": _empty,
+    "prompt_logprobs": lambda v: v is None,
+    "truncate_prompt_tokens": lambda v: v is None,
+    "guided_json": lambda v: v is None,
+    "guided_regex": lambda v: v is None,
+    "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None,
+    "structured_outputs": lambda v: v is None,
+    "response_format": lambda v: v is None or isinstance(v, dict) and v.get("type") == "text",
+    "logits_processors": _empty,
+    "return_tokens_as_token_ids": _empty,
+}
+COMPLETION_ONLY = {"suffix": lambda v: v is None}
+CHAT_ONLY = {"tools": _empty, "tool_choice": lambda v: v is None or v == "none", "echo": _empty,
+             "continue_final_message": _empty}
+
+
+def _not_implemented(req: BaseModel, table: dict) -> tuple[str, str] | None:
+    for name, neutral in table.items():
+        value = getattr(req, name)
+        if not neutral(value):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "..."
+            return name, f"{name} is not supported by this engine, got {shown}"
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -57,9 +97,28 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: Int64 = 0
+    logit_bias: Any = None  # NOT_IMPLEMENTED: only their neutral values pass
+    best_of: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    include_stop_str_in_output: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: Any = None
+    logits_processors: Any = None
+    return_tokens_as_token_ids: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a valid value this engine does not implement, else None."""
+        if (problem := _not_implemented(self, NOT_IMPLEMENTED)) is not None:
+            return problem
         if self.n != 1:
             return "n", f"only n=1 is supported, got {self.n}"
         if self.stop is not None and any(s == "" for s in ([self.stop] if isinstance(self.stop, str)
@@ -80,8 +139,11 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
+        if (problem := _not_implemented(self, COMPLETION_ONLY)) is not None:
+            return problem
         if self.echo or self.logprobs is not None:
             param = "echo" if self.echo else "logprobs"
             return param, "echo and logprobs are not supported"
@@ -107,8 +169,14 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Any = None
+    tool_choice: Any = None
+    echo: Any = None
+    continue_final_message: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
+        if (problem := _not_implemented(self, CHAT_ONLY)) is not None:
+            return problem
         if self.logprobs:
             return "logprobs", "logprobs are not supported"
         return super().unsupported()
