@@ -23,6 +23,7 @@ from engine.core.scheduler import whole_prefill_error
 from simulator.dists import Dist
 from simulator.flow import Band, SaturationDetector
 from simulator.frontend import frontend_from_provenance
+from simulator.latency.loader import is_derived, model_ref
 from simulator.promql import PromQLError, compile_query
 from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.router import Router
@@ -197,9 +198,11 @@ POOL_FIELDS = {
 def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     p = doc.data
     kw = _given(p, POOL_FIELDS)
-    lm = p["latency_model"]
+    lm = model_ref(p["latency_model"])
     if "/" in lm or lm.endswith(".json"):
         lm = resolve(lm, base)
+    if is_derived(lm) and "kv_blocks" not in p and "kv_memory" not in p:
+        kw = {**_derived_kv(doc, lm), **kw}  # the KV cache its GPUs' memory leaves
     if p.get("settings_from_model"):
         kw = {**_model_settings(doc, lm, "kv_memory" not in p), **kw}  # the pool's own fields win
     if p.get("frontend_from_model"):
@@ -248,6 +251,14 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
 MODEL_SETTINGS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                   "max_model_len": "max_model_len", "num_kv_blocks": "kv_blocks", "block_size": "block_size",
                   "enable_prefix_caching": "prefix_caching", "enable_chunked_prefill": "chunked_prefill"}
+
+
+def _derived_kv(doc: Document, lm: str) -> dict:
+    """kv_blocks and block_size of a derived model (its memory after weights, activations, reserve)."""
+    settings = _recorded(doc, lm, "latency_model").engine_settings
+    size = int(doc.data.get("block_size", settings["block_size"]))  # the same bytes in the pool's blocks
+    return {"kv_blocks": max(int(settings["num_kv_blocks"]) * int(settings["block_size"]) // size, 1),
+            "block_size": size}
 
 
 def _recorded(doc: Document, lm: str, key: str):
@@ -316,7 +327,7 @@ def _autoscaler_entry(doc: Document, base: Path) -> dict:
             steps.append((float(r["at"]), int(r["replicas"])))
         polling = a.get("polling_interval", SCHEDULE_POLLING)
         return {"kind": "schedule", "steps": steps, "polling_interval": float(polling)}
-    lm = a.get("latency_model")
+    lm = model_ref(a["latency_model"]) if a.get("latency_model") else None
     if lm and ("/" in lm or lm.endswith(".json")):
         lm = resolve(lm, base)
     if isinstance(a["spec"], dict):

@@ -14,6 +14,7 @@ from pathlib import Path
 from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from simulator.dists import Dist, parse_dist
+from simulator.latency.loader import LATENCY_MODEL_SCHEMA
 from simulator.router import SCORERS
 from simulator.scenario_limits import (
     MAX_BLOCK_SIZE,
@@ -165,7 +166,7 @@ AUTOSCALER = {  # the first of these keys present says which kind of autoscaler 
         "spec": mapping(
             {
                 "spec": {"type": ["string", "object"], "x-message": "must be a file path or an inline spec"},
-                "latency_model": STR,
+                "latency_model": LATENCY_MODEL_SCHEMA,
             }
         ),
     },
@@ -174,7 +175,7 @@ AUTOSCALER = {  # the first of these keys present says which kind of autoscaler 
 POOL = mapping(
     {
         "name": STR,
-        "latency_model": STR,
+        "latency_model": LATENCY_MODEL_SCHEMA,  # a fitted model's name or path, or what to derive
         "replicas": REPLICAS,
         "max_num_seqs": at_most(COUNT1, MAX_NUM_SEQS),
         "max_num_batched_tokens": TOKENS,

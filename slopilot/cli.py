@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, str] = {
     "route": "slopilot.commands.route",
     "plan": "slopilot.commands.plan",
     "compare": "slopilot.commands.compare",
+    "models": "slopilot.commands.models",
 }
 
 

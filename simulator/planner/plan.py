@@ -15,7 +15,7 @@ from pathlib import Path
 from autoscaler.spec import load_spec
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
-from simulator.latency import is_model_path, load_latency_model
+from simulator.latency import is_model_path, load_latency_model, model_ref
 from simulator.planner.schema import PLAN, POOL_KEYS
 from simulator.planner.traffic import scaled_workload
 from simulator.scenario import load_scenario
@@ -176,7 +176,7 @@ def resolved_workload(workload: dict, base: Path) -> dict:
 
 def _deployment(doc: Document, base: Path) -> Deployment:
     d = doc.data
-    lm = d["latency_model"]
+    lm = model_ref(d["latency_model"])  # a derive mapping becomes its derived model's name
     lm = resolve(lm, base) if is_model_path(lm) else lm
     try:
         model = load_latency_model(lm)
@@ -205,6 +205,6 @@ def _policy(doc: Document, base: Path) -> PlanPolicy:
         load_spec(doc.at("spec"))
     entry = {"spec": spec}
     if "latency_model" in d:
-        lm = d["latency_model"]
+        lm = model_ref(d["latency_model"])
         entry["latency_model"] = resolve(lm, base) if is_model_path(lm) else lm
     return PlanPolicy(d["name"], entry)

@@ -51,7 +51,7 @@ POLICY = mapping(
     {
         "name": {**STR, "pattern": "^[A-Za-z0-9][A-Za-z0-9._ -]*$"},
         "spec": {"type": ["string", "object"], "x-message": "must be a file path or an inline spec"},
-        "latency_model": STR,
+        "latency_model": POOL["properties"]["latency_model"],
     },
     ("name", "spec"),
 )

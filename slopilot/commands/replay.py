@@ -54,12 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_step_model(value: str):
     """--step-model: a calibrated or shipped latency model, or the four linear coefficients."""
     from autoscaler.replay import LinearStepModel
-    from simulator.latency import is_model_path, list_named, load_latency_model
+    from simulator.latency import is_derived, is_model_path, list_named, load_latency_model
     from simulator.latency.model import FORMAT, LatencyModel
 
     flag = f"--step-model {value}"
     if not is_model_path(value) and not Path(value).is_file():
-        if value not in list_named():
+        if value not in list_named() and not is_derived(value):
             raise ValueError(f"{flag}: no such file or shipped model (shipped: {', '.join(list_named())})")
         return load_latency_model(value)
     path = Path(value)

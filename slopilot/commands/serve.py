@@ -61,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import logging
 
     from engine.args import from_cli
@@ -79,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
         from simulator.latency import load_latency_model
 
         latency = load_latency_model(args.emulate)
+        derived = latency.provenance.get("derived")
+        if derived and engine_args.num_kv_blocks is None:  # the KV cache its GPUs' memory leaves
+            blocks = derived["memory"]["kv_tokens"] // engine_args.block_size
+            engine_args = dataclasses.replace(engine_args, num_kv_blocks=max(int(blocks), 1))
     engine, name = build_engine(engine_args, latency)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,

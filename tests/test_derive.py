@@ -1,0 +1,341 @@
+"""Derived latency models: the catalog, the memory and KV capacity, refusal, loading everywhere a fitted
+model loads, and the held-out fit of the efficiencies on the measured profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from simulator.latency import is_derived, load_latency_model
+from simulator.latency.catalog import CATALOG_DIR, config_names, get_arch, gpu_names
+from simulator.latency.derive import GIB, derive, load_efficiencies, parse_derived_name
+
+REQUIRED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s", "mi300x"}
+REQUIRED_CONFIGS = {
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "llama-2-70b",
+    "bloom-176b",
+    "opt-13b",
+    "opt-66b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "qwen3-32b",
+    "qwen3-235b-a22b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "deepseek-v3",
+}
+
+
+def test_catalog_has_every_gpu_and_model_with_sources():
+    assert REQUIRED_GPUS <= set(gpu_names())
+    assert REQUIRED_CONFIGS <= set(config_names())
+    raw = json.loads((CATALOG_DIR / "gpus.json").read_text())
+    for name in gpu_names():
+        sheet = raw[name]
+        for field in ("tflops", "hbm_gbs", "memory_gib", "link_gbs"):  # every number names its source
+            assert sheet["sources"].get(field), (name, field)
+    for name in config_names():
+        assert json.loads((CATALOG_DIR / "models" / f"{name}.json").read_text())["_source"].startswith(
+            "https://"
+        )
+
+
+@pytest.mark.parametrize(
+    "name,billions",
+    [
+        ("llama-3.1-8b", 8.03),
+        ("llama-3.1-70b", 70.6),
+        ("llama-3.1-405b", 405.9),
+        ("bloom-176b", 176.2),
+        ("opt-66b", 65.7),
+        ("qwen2.5-72b", 72.7),
+        ("mixtral-8x7b", 46.7),
+        ("qwen3-235b-a22b", 235.1),
+        ("deepseek-v3", 671.0),
+    ],
+)
+def test_parameter_counts_match_the_published_sizes(name, billions):
+    # the model cards' totals (DeepSeek-V3: 671B without its 14B multi-token-prediction module)
+    assert get_arch(name).total_params() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_weights_match_a_vllm_log():
+    """vLLM 'Loading model weights took 14.9595 GB' (GiB) for Llama-3-8B in bf16 on one A100-40GB
+    (startup log quoted in vllm-project/vllm issue 12330); Llama-3.1-8B has the same shapes."""
+    mem = derive("llama-3.1-8b", "a100-40gb", 1, "bf16").provenance["derived"]["memory"]
+    assert mem["weights_gib"] == pytest.approx(14.9595, rel=0.005)
+    assert mem["usable_gib"] == pytest.approx(35.55, abs=0.01)  # the log: 39.50 GiB x 0.90 = 35.55 GiB
+
+
+def _vllm_formula_tokens(tp: int) -> float:
+    """KV tokens of Llama-3.1-70B FP8 (fp8 KV) on tp x H100-80GB by vLLM's own accounting
+    (vllm/v1/worker/gpu_worker.py determine_available_memory: total x gpu_memory_utilization minus
+    the weights, the profiled activation peak and non-torch memory) -- NOT a figure read off a vLLM
+    log: no public log of this exact set-up was found, so the inputs are written out here:
+    total 79.19 GiB (what torch and vLLM report for an H100 80GB), utilization 0.90; weights 70.55B
+    parameters (Llama 3.1 model card) at 1 byte for the quantized linear layers (68.45B) and 2 for
+    embedding and head (2 x 1.05B), split over tp; 3 GiB for the activation peak, non-torch memory and
+    CUDA graphs (vLLM V1 on a 70B model); KV 2 x 80 layers x 8 heads x 128 x 1 byte a token, split."""
+    weights = (68.45e9 * 1 + 2 * 128256 * 8192 * 2) / tp
+    free = 79.19 * GIB * 0.90 - weights - 3 * GIB
+    return free / (2 * 80 * 8 * 128 * 1 / tp)
+
+
+@pytest.mark.parametrize("tp", [4, 8])
+def test_kv_capacity_llama_3_1_70b_fp8_on_h100(tp):
+    m = derive("llama-3.1-70b", "h100-sxm", tp, "fp8", "fp8")
+    tokens = m.engine_settings["num_kv_blocks"] * m.engine_settings["block_size"]
+    assert tokens == pytest.approx(_vllm_formula_tokens(tp), rel=0.10)
+    assert m.engine_settings["block_size"] == 16
+
+
+def test_refused_when_it_does_not_fit_with_the_numbers():
+    with pytest.raises(ValueError) as exc:
+        derive("llama-3.1-405b", "h100-sxm", 4, "fp8")
+    msg = str(exc.value)
+    assert "does not fit on 4 x h100-sxm" in msg and "GiB of weights" in msg and "usable" in msg
+    with pytest.raises(ValueError, match="does not fit"):
+        derive("llama-3.1-70b", "l40s", 1, "bf16")
+    derive("llama-3.1-405b", "h200", 8, "fp8")  # 405B in fp8 does fit on 8 H200s
+
+
+@pytest.mark.parametrize("bad,known", [("h900", "h200"), ("gb300", "b200")])
+def test_unknown_gpu_lists_the_known(bad, known):
+    with pytest.raises(ValueError, match=f"unknown GPU '{bad}'.*{known}"):
+        derive("llama-3.1-70b", bad, 4)
+
+
+def test_unknown_config_and_dtype_list_the_known():
+    with pytest.raises(ValueError, match="unknown model config 'llama-9'.*llama-3.1-70b"):
+        derive("llama-9", "h200", 4)
+    with pytest.raises(ValueError, match="unknown weight dtype 'int3'.*fp8"):
+        derive("llama-3.1-70b", "h200", 4, "int3")
+    with pytest.raises(ValueError, match="TP 3 must divide"):
+        derive("llama-3.1-70b", "h200", 3)
+
+
+def test_a_config_json_path_derives(tmp_path):
+    cfg = json.loads((CATALOG_DIR / "models" / "mistral-7b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if not k.startswith("_")}))
+    m = derive(str(path), "l40s", 1, "fp8")
+    assert m.tp == 1 and m.engine_settings["num_kv_blocks"] > 0
+
+
+def test_physics_faster_gpu_fp8_and_more_tp_are_faster():
+    def decode(name):
+        return load_latency_model(name).step_ms(0, 0, 64, 64 * 2048)
+
+    def prefill(name):
+        return load_latency_model(name).step_ms(4096, 4096, 0, 0)
+
+    assert decode("llama-3.1-70b@h200-tp4-bf16") < decode("llama-3.1-70b@h100-sxm-tp4-bf16")
+    assert decode("llama-3.1-70b@h100-sxm-tp4-fp8") < decode("llama-3.1-70b@h100-sxm-tp4-bf16")
+    assert prefill("llama-3.1-70b@b200-tp4-fp8") < prefill("llama-3.1-70b@h200-tp4-fp8")
+    assert prefill("llama-3.1-70b@h100-sxm-tp8-bf16") < prefill("llama-3.1-70b@h100-sxm-tp4-bf16")
+    # MoE: the step computes only the active experts
+    assert prefill("mixtral-8x7b@h100-sxm-tp2-bf16") < prefill("llama-3.1-70b@h100-sxm-tp2-bf16")
+
+
+def test_derived_model_loads_by_name_and_round_trips(tmp_path):
+    name = "qwen3-32b@h100-sxm-tp2-fp8-kvfp8"
+    assert is_derived(name) and parse_derived_name(name)["kv_dtype"] == "fp8"
+    m = load_latency_model(name)
+    d = m.provenance["derived"]
+    assert (d["config"], d["gpu"], d["tp"], d["dtype"], d["kv_dtype"]) == (
+        "qwen3-32b",
+        "h100-sxm",
+        2,
+        "fp8",
+        "fp8",
+    )
+    assert m.provenance["heldout"]  # the efficiencies' held-out errors travel with every derived model
+    path = tmp_path / "m.json"
+    m.save(path)
+    again = load_latency_model(str(path))
+    assert again.step_ms(100, 100, 8, 8000) == pytest.approx(m.step_ms(100, 100, 8, 8000))
+    a, b = m.decode_coeffs(0, 0, 8)  # affine in the decode context, as the simulator needs
+    assert m.step_ms(0, 0, 8, 1000) == pytest.approx(a + b * 1000)
+    assert (
+        load_latency_model(
+            {"config": "qwen3-32b", "gpu": "h100-sxm", "tp": 2, "dtype": "fp8", "kv_dtype": "fp8"}
+        ).params
+        == m.params
+    )
+
+
+def test_shipped_efficiencies_are_physical():
+    eff, prov = load_efficiencies()
+    assert all(0 < eff[k] <= 1 for k in ("e_mm", "e_mem", "e_attn", "e_kv", "e_comm"))
+    assert prov["groups"] and {r["split"] for r in prov["heldout"]} >= {
+        "GPU: fit a100-80gb, predict h100-sxm",
+        "GPU: fit h100-sxm, predict a100-80gb",
+        "model: predict BLOOM-176B",
+        "model: predict OPT-13B+66B",
+    }
+
+
+def test_every_catalog_model_derives_somewhere():
+    for name in config_names():
+        fits = []
+        for tp in (1, 2, 4, 8):
+            try:
+                fits.append(derive(name, "h200", tp, "fp8"))
+            except ValueError as exc:
+                assert "does not fit" in str(exc) or "must divide" in str(exc)
+        assert fits, name
+        assert all(math.isfinite(m.step_ms(512, 512, 32, 32 * 1024)) for m in fits)
+
+
+def test_sources_are_named_in_the_docs():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "latency_models.md").read_text()
+    assert "python -m simulator.latency.derive_fit" in doc
+
+
+# --- the held-out fit (targets: decode MAPE <= 10%, prefill <= 15% on every split; NOT reached, see
+# docs/latency_models.md) -- each bound below is what the fit reaches, rounded up, so a regression fails
+
+REACHED = {  # split -> (decode MAPE %, prefill MAPE %) the derived model reaches on the held-out rows
+    "GPU: fit a100-80gb, predict h100-sxm": (25, 24),
+    "GPU: fit h100-sxm, predict a100-80gb": (25, 23),
+    "model: predict BLOOM-176B": (10, 26),
+    "model: predict OPT-13B+66B": (25, 25),
+    "TP: predict TP 1": (53, 10),
+    "TP: predict TP 2": (21, 12),
+    "TP: predict TP 3": (6, 9),
+    "TP: predict TP 4": (14, 12),
+    "TP: predict TP 8": (15, 17),
+}
+
+
+@pytest.mark.slow
+def test_heldout_fit_on_measured_profiles(shared_data):
+    from simulator.latency.derive_fit import evaluate, measured_groups
+
+    groups, _ = measured_groups(shared_data)
+    rows = {r["split"]: r for r in evaluate(groups)}
+    assert set(rows) == set(REACHED)
+    for split, (decode, prefill) in REACHED.items():
+        d, plain = rows[split]["derived"], rows[split]["roofline"]
+        assert d["decode"]["mape"] <= decode and d["prefill"]["mape"] <= prefill, (split, d)
+        assert d["prefill"]["mape"] < plain["prefill"]["mape"], split  # fitted beats the plain roofline
+        if split != "TP: predict TP 1":  # the one split where it does not (decode), see the docs
+            assert d["decode"]["mape"] < plain["decode"]["mape"], split
+
+
+def test_fit_on_all_rows_is_reproducible(shared_data):
+    """The shipped efficiencies are what the fit gives on the measured profiles today."""
+    from simulator.latency.derive_fit import errors, fit_efficiencies, measured_groups
+
+    groups, sha = measured_groups(shared_data)
+    eff = fit_efficiencies(groups)
+    shipped, prov = load_efficiencies()
+    assert {k: v["sha256"] for k, v in prov["data"].items()} == sha
+    assert errors(groups, eff)["all"]["mape"] == pytest.approx(
+        prov["train_error_pct"]["all"]["mape"], abs=0.5
+    )
+    assert errors(groups, shipped)["decode"]["mape"] < 15 and errors(groups, shipped)["prefill"]["mape"] < 12
+
+
+# --- scenarios and plans take a derived model where they take a fitted one -----------------------
+
+
+def _scenario(latency_model, **pool) -> dict:
+    return {
+        "duration": 60,
+        "seed": 1,
+        "workload": {"arrivals": {"rate": 2}, "prompt_tokens": 500, "output_tokens": 50},
+        "pools": [{"name": "p", "latency_model": latency_model, "replicas": 1, **pool}],
+    }
+
+
+def test_scenario_takes_a_derive_mapping_and_its_kv_blocks():
+    from simulator.run import simulate
+    from simulator.scenario import load_scenario
+
+    lm = {"config": "llama-3.1-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8", "kv_dtype": "fp8"}
+    sc = load_scenario(_scenario(lm))
+    pool = sc.pools[0]
+    assert pool.latency_model == "llama-3.1-70b@h100-sxm-tp4-fp8-kvfp8"
+    assert (
+        pool.kv_blocks
+        == derive("llama-3.1-70b", "h100-sxm", 4, "fp8", "fp8").engine_settings["num_kv_blocks"]
+    )
+    assert load_scenario(_scenario(lm, kv_blocks=1000)).pools[0].kv_blocks == 1000  # the pool's own wins
+    assert load_scenario(_scenario(lm, block_size=32)).pools[0].kv_blocks == pool.kv_blocks // 2
+    result = simulate(sc, plots=False)
+    assert result.summary["requests"]["ok"] > 100 and result.summary["latency"]["tpot"]["p50"] > 0
+
+
+@pytest.mark.parametrize(
+    "lm,parts",
+    [
+        ({"config": "llama-3.1-70b", "gpu": "h900", "tp": 4}, ("latency_model", "h200")),
+        ({"config": "llama-3.1-70b", "gpu": "h200"}, ("latency_model", "tp")),
+        (
+            {"config": "llama-9", "gpu": "h200", "tp": 4},
+            ("latency_model", "unknown model config", "llama-3.1-8b"),
+        ),
+        (
+            {"config": "llama-3.1-405b", "gpu": "h100-sxm", "tp": 2, "dtype": "fp8"},
+            ("latency_model", "does not fit"),
+        ),
+        ("llama-3.1-70b@h200-tp4-int3", ("latency_model", "unknown weight dtype")),
+    ],
+)
+def test_scenario_refuses_a_bad_derived_model_at_the_field(lm, parts):
+    from simulator.scenario import load_scenario
+
+    with pytest.raises(ValueError) as exc:
+        load_scenario(_scenario(lm))
+    for part in parts:
+        assert part in str(exc.value), str(exc.value)
+
+
+# --- slopilot models --------------------------------------------------------------------------------
+
+
+def test_models_list_prints_every_model_with_source_and_error(capsys):
+    from simulator.latency import list_named
+    from slopilot.cli import main
+
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in [*list_named(), *config_names(), *gpu_names()]:
+        assert name in out
+    assert "splitwise_perf_model.csv" in out and "huggingface.co/meta-llama/Llama-3.1-70B" in out
+    assert "GPU: fit a100-80gb, predict h100-sxm" in out  # the derived models' held-out error
+
+
+def test_models_derive_writes_a_loadable_model(tmp_path, capsys):
+    from slopilot.cli import main
+
+    out = tmp_path / "m.json"
+    argv = ["models", "derive", "--config", "llama-3.1-70b", "--gpu", "h200", "--tp", "4", "--dtype", "fp8"]
+    assert main([*argv, "--kv-dtype", "fp8", "-o", str(out)]) == 0
+    assert "KV cache" in capsys.readouterr().out
+    assert load_latency_model(str(out)).engine_settings["num_kv_blocks"] > 100_000
+    assert main(["models", "show", "llama-3.1-70b@h200-tp4-fp8"]) == 0
+    assert json.loads(capsys.readouterr().out)["provenance"]["derived"]["gpu"] == "h200"
+
+
+@pytest.mark.parametrize(
+    "argv,known",
+    [
+        (["derive", "--config", "llama-3.1-70b", "--gpu", "h900", "--tp", "4"], "h100-sxm"),
+        (["derive", "--config", "llama-9", "--gpu", "h200"], "qwen3-32b"),
+        (["show", "nope@h200-tp4-fp8"], "mixtral-8x7b"),
+    ],
+)
+def test_models_wrong_name_lists_the_known(argv, known, capsys):
+    from slopilot.cli import main
+
+    assert main(["models", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "unknown" in err and known in err
