@@ -1,5 +1,6 @@
 """The router's HTTP API on its own HTTP server (controlplane.router.http): OpenAI completions and chat
-proxied to the picked endpoint, /v1/models (the union over endpoints), /health, /metrics.
+proxied to the picked endpoint, /v1/models (the union over endpoints), /health, /metrics, and the
+Batch API (/v1/files, /v1/batches: controlplane.batch, its lines through the gate's batch band).
 
 No framework and no ASGI: a routed request is one JSON parse, a few header reads and the upstream
 call, and a streamed answer is relayed from the upstream client's callbacks straight to the
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controlplane.batch.service import BatchService, is_batch_path
 from controlplane.router.config import RouterConfig
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
@@ -41,7 +43,8 @@ PROXIED = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> ch
 
 class RouterState:
     def __init__(self, cfg: RouterConfig, discover: Callable[[], list[str]], api_key: str | None,
-                 upstream_key: str | None, pool_name: str):
+                 upstream_key: str | None, pool_name: str, state_dir: str | None = None,
+                 batch_inflight: int = 64):
         self.cfg, self.api_key, self.upstream_key = cfg, api_key, upstream_key
         self.metrics = RouterMetrics(pool_name)
         self.pool = Pool(cfg, discover, self.metrics)
@@ -51,6 +54,7 @@ class RouterState:
                                    hashes=uses_prefix)
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
+        self.batch = BatchService(self, state_dir, batch_inflight)  # /v1/files, /v1/batches
 
 
 class RouterApp:
@@ -72,9 +76,11 @@ class RouterApp:
         except Exception:  # the loop retries; a broken engine must not stop the router starting
             log.exception("the first endpoint refresh failed")
         self._task = asyncio.create_task(st.pool.supervise(st.upstream, self._stop))
+        st.batch.start()
 
     async def shutdown(self) -> None:
         self._stop.set()
+        await self.st.batch.stop()
         await self._task
         self.st.upstream.close()
 
@@ -82,6 +88,8 @@ class RouterApp:
     async def handle(self, req: Request, conn: Connection) -> None:
         path, method = req.path, req.method
         try:
+            if is_batch_path(path):
+                return await self.batch(req, conn)
             if method not in (("POST",) if path in PROXIED else ("GET", "HEAD")):
                 return json_error(conn, 405, f"{method} is not allowed on {path}", "BadRequestError")
             if path in PROXIED:
@@ -138,6 +146,12 @@ class RouterApp:
             st.metrics.errors.labels(model, str(priority), str(exc.status)).inc()
             json_error(conn, exc.status, str(exc), exc.kind)
 
+    async def batch(self, req: Request, conn: Connection) -> None:
+        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in req.headers}
+        if self.unauthorized(h):
+            return json_error(conn, 401, "invalid or missing API key", "AuthenticationError")
+        await self.st.batch.handle(req, conn)
+
     async def models(self, req: Request, conn: Connection) -> None:
         st = self.st
         h = {k.decode("latin-1"): v.decode("latin-1") for k, v in req.headers}
@@ -180,6 +194,8 @@ def json_error(conn: Connection, status: int, message: str, kind: str) -> None:
 
 
 def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, api_key: str | None = None,
-                     upstream_key: str | None = None, pool_name: str = "default") -> RouterApp:
-    """discover() -> the endpoints' base URLs now (called every refresh; must not block)."""
-    return RouterApp(RouterState(cfg, discover, api_key, upstream_key, pool_name))
+                     upstream_key: str | None = None, pool_name: str = "default",
+                     state_dir: str | None = None, batch_inflight: int = 64) -> RouterApp:
+    """discover() -> the endpoints' base URLs now (called every refresh; must not block). state_dir: the
+    Batch API's store (none: in memory); batch_inflight: batch lines out at a time."""
+    return RouterApp(RouterState(cfg, discover, api_key, upstream_key, pool_name, state_dir, batch_inflight))

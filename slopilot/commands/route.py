@@ -5,7 +5,9 @@
     slopilot route --k8s-service llama --namespace serving --k8s-port http
 
 OpenAI /v1/completions and /v1/chat/completions (streams passed through), /v1/models, /health,
-/metrics (llm-d's router metric names). See controlplane/router/config.py for ROUTER.yaml.
+/metrics (llm-d's router metric names), and OpenAI's Batch API (/v1/files, /v1/batches) kept in SQLite
+under --state-dir, its lines sent through the lowest-priority band of the gateway queue.
+See controlplane/router/config.py for ROUTER.yaml.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "client's header on to the engines)")
     p.add_argument("--upstream-api-key", default=None, help="the key to send to the engines instead")
     p.add_argument("--pool-name", default="default", help="the inference_pool label of the metrics")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep the Batch API's files, batches and per-line progress here (SQLite); a "
+                        "restarted router resumes every batch. Default: in memory, lost at exit")
+    p.add_argument("--batch-max-inflight", type=int, default=64, metavar="N",
+                   help="batch lines out at a time (held in the gateway's batch band or at an engine)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -53,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
         discover = discovery.file_sd(args.targets)
     else:
         discover = discovery.KubernetesEndpoints(args.k8s_service, args.namespace, args.k8s_port)
+    if args.batch_max_inflight < 1:
+        raise ValueError(f"--batch-max-inflight must be >= 1, got {args.batch_max_inflight}")
     app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,
-                           pool_name=args.pool_name)
+                           pool_name=args.pool_name, state_dir=args.state_dir,
+                           batch_inflight=args.batch_max_inflight)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     HttpServer(app.handle, app.startup, app.shutdown, args.host, args.port).run()
     return 0
