@@ -9,11 +9,12 @@ import pytest
 from autoscaler import Observation, load_spec, make_policy
 from autoscaler.export import to_scaled_object
 from autoscaler.expr import Formula, evaluate
+from autoscaler.forecast import linear_forecast
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, Trigger, fallback_replicas
 from autoscaler.kpa import KpaPolicy, KpaSpec
 from autoscaler.ratio import RatioPolicy, SloTarget, ratio_step, slo_ratio
 from autoscaler.replay import LinearStepModel
-from autoscaler.slo_model import SloModelPolicy, linear_forecast, predict, quantile_factor, replicas_needed
+from autoscaler.slo_model import SloModelPolicy, predict, quantile_factor, replicas_needed
 
 SLOS = [SloTarget("ttft", 90, 2.0), SloTarget("tpot", 90, 0.1)]
 MODEL = LinearStepModel(

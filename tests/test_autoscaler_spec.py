@@ -233,7 +233,7 @@ class _Step:
 def test_slo_model_burst_options_reach_the_policy(options, attrs):
     ia = yaml.safe_load((EXAMPLES / "slo_model.yaml").read_text())
     policy = make_policy(load_spec(with_(ia, "spec.policy.sloModel", options)), latency_model=_Step())
-    assert {k: getattr(policy, k) for k in attrs} == attrs
+    assert {k: getattr(policy.forecast.options, k) for k in attrs} == attrs
 
 
 @pytest.mark.parametrize(

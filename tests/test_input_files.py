@@ -11,6 +11,7 @@ import pytest
 
 from autoscaler import yamlfile
 from autoscaler.crd import crd
+from autoscaler.forecast import DemandOptions
 from autoscaler.kpa import KpaSpec
 from autoscaler.ratio import RatioPolicy
 from autoscaler.registry import lookup, option_fields
@@ -336,7 +337,7 @@ def test_schema_defaults_are_the_policy_classes():
         options = {f.metadata["spec"]: f.name for f in fields}
         block = policy["properties"][ptype]["properties"]
         assert set(options) == set(block), f"{ptype}: every option maps to a keyword of {cls.__name__}"
-        sig = _signature_defaults(cls)
+        sig = {**_signature_defaults(cls), **_signature_defaults(DemandOptions)}  # the forecast's own
         assert {options[k]: v for k, v in defaults_of(policy["properties"][ptype]).items()} == {
             kw: sig[kw] for kw in options.values()
         }
@@ -360,7 +361,8 @@ def test_a_spec_without_options_gets_the_class_defaults():
     )
     slo_model = make_policy(load_spec(SPEC.replace("type: ratio", "type: sloModel")), latency_model=_Step())
     plain = SloModelPolicy(spec.slos, _Step())
-    for kw in [f.name for f in option_fields(lookup("sloModel"))] + ["startup_delay"]:
+    assert slo_model.forecast.options == plain.forecast.options == DemandOptions()
+    for kw in ["margin", "scale_down_delay", "max_batch_seqs", "prompt_cv", "startup_delay"]:
         attr = {"max_batch_seqs": "max_batch"}.get(kw, kw)
         assert getattr(slo_model, attr) == getattr(plain, attr), kw
     kpa = make_policy(load_spec(SPEC.replace("type: ratio", "type: kpa")))

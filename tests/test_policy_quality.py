@@ -39,12 +39,12 @@ def test_rate_now_is_the_counters_rise_over_the_fast_window():
     for t in range(0, 300, 5):
         count += 8.0 * 5
         p.demand(obs(t, 8.0, count))
-    assert p.rates[-1][1] == pytest.approx(8.0)
+    assert p.forecast.rates[-1][1] == pytest.approx(8.0)
     # the rate doubles: seen within one fast window, while the 60-s rate still says 8
     for t in range(300, 320, 5):
         count += 16.0 * 5
         p.demand(obs(t, 8.0, count))
-    assert p.rates[-1][1] == pytest.approx(16.0)
+    assert p.forecast.rates[-1][1] == pytest.approx(16.0)
 
 
 def test_a_burst_is_ordered_on_the_fast_counter_before_the_60s_rate_moves():
@@ -91,8 +91,8 @@ def test_batch_is_sized_at_its_mean_rate_and_its_queue_within_half_the_deadline(
     for t in range(300, 330, 5):
         total, batch = total + 40 * 5, batch + 33 * 5
         d = p.demand(obs(t, 10.0, total, queue=900.0, batch=batch, batch_queue=900.0))
-    assert p.rates[-1][1] == pytest.approx(7.0)
-    mean_batch = (batch - p.counts[0][2]) / (325 - p.counts[0][0])
+    assert p.forecast.rates[-1][1] == pytest.approx(7.0)
+    mean_batch = (batch - p.forecast.counts[0][2]) / (325 - p.forecast.counts[0][0])
     assert d == pytest.approx(7.0 + mean_batch + 900 / 1800, rel=1e-6)
 
 
@@ -117,7 +117,7 @@ spec:
     assert [(t.name, t.query) for t in spec.triggers] == [
         ("arrivals", "sum(llm_d_epp_request_total)"), ("queue", "sum(llm_d_epp_flow_control_queue_size)")]
     p = make_policy(spec, latency_model=Step())
-    assert p.fast and p.profile is not None and p.profile.period == 86400
+    assert p.forecast.fast and p.forecast.profile is not None and p.forecast.profile.period == 86400
     del ia["spec"]["policy"]["sloModel"]
     assert load_spec(ia).triggers == []  # off by default
 
@@ -149,11 +149,11 @@ def test_simulated_router_exports_its_counters_at_its_own_interval(tmp_path):
     assert last[0] == pytest.approx(np.count_nonzero(fleet.band == 10), abs=15)
     # the policy read the counter: its rate samples are the counter's, not the 60-s rate's
     policy = fleet.pools[0].policy.policy
-    assert policy.counts and policy.rates[-1][1] == pytest.approx(6.0 * 0.7, rel=0.5)
+    assert policy.forecast.counts and policy.forecast.rates[-1][1] == pytest.approx(6.0 * 0.7, rel=0.5)
 
 
 def test_onset_ramp_is_the_samples_since_the_rate_left_the_trend():
-    from autoscaler.slo_model import onset_ramp
+    from autoscaler.forecast import onset_ramp
 
     flat = [[float(t), 8.0] for t in range(0, 300, 5)]
     ramp = [[float(t), 8.0 + 0.2 * (t - 295)] for t in range(300, 340, 5)]

@@ -76,22 +76,23 @@ def test_profile_survives_a_controller_restart():
     saved = json.loads(json.dumps(a.state_dict()))  # what the controller writes and reads back
     b = policy()
     b.load_state_dict(saved)
-    assert b.profile.day == a.profile.day and b.profile.day_n == a.profile.day_n
+    pa, pb = a.forecast.profile, b.forecast.profile
+    assert pb.day == pa.day and pb.day_n == pa.day_n
     t = 2 * DAY + 0.1 * DAY
-    assert b.profile.forecast(t, 5.0, t + 150) == a.profile.forecast(t, 5.0, t + 150) is not None
+    assert pb.forecast(t, 5.0, t + 150) == pa.forecast(t, 5.0, t + 150) is not None
     later = [(t, curve(t)) for t in range(int(2.1 * DAY), int(2.3 * DAY), 30)]
     assert [a.decide(obs(t, r)) for t, r in later] == [b.decide(obs(t, r)) for t, r in later]
-    assert policy().profile.forecast(t, 5.0, t + 150) is None  # nothing learned without the state
+    assert policy().forecast.profile.forecast(t, 5.0, t + 150) is None  # nothing learned without the state
 
 
 def test_a_replayed_history_pretrains_the_profile():
     history = list(days(2))
     pre = policy(season_weight=1.0)
-    train(pre.profile, history)
+    train(pre.forecast.profile, history)
     online = policy(season_weight=1.0)
     for t, r in history:
         online.decide(obs(t, r))
-    assert pre.profile.day == pytest.approx(online.profile.day)
+    assert pre.forecast.profile.day == pytest.approx(online.forecast.profile.day)
     # pre-trained, the look-ahead on a rising morning is nearer the truth than the trend's
     trend_only = SloModelPolicy(SLOS, Step(), startup_delay=120, polling_interval=30)
     start = 2 * DAY

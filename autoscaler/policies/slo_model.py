@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from autoscaler.forecast import DemandOptions
 from autoscaler.keda import Trigger
 from autoscaler.registry import PolicyType, option, param_default, register
 from autoscaler.slo_model import SloModelPolicy
@@ -14,13 +15,18 @@ POS, NONNEG = {"type": "number", "exclusiveMinimum": 0}, {"type": "number", "min
 STR, BOOL = {"type": "string"}, {"type": "boolean"}
 
 
+_DEMAND = {f.name: f.default for f in dataclasses.fields(DemandOptions)}
+
+
 def _o(spec_name: str, keyword: str, schema: dict, meaning: str = ""):
-    """An option whose default is SloModelPolicy's keyword default (written once, in its signature)."""
-    return option(spec_name, param_default(SloModelPolicy, keyword), schema, meaning)
+    """An option whose default is written once: in DemandOptions (the forecast's) or in SloModelPolicy's
+    signature (the queueing model's)."""
+    default = _DEMAND[keyword] if keyword in _DEMAND else param_default(SloModelPolicy, keyword)
+    return option(spec_name, default, schema, meaning)
 
 
 @dataclass(frozen=True)
-class SloModelOptions:  # field names are SloModelPolicy's keywords
+class SloModelOptions:  # field names are SloModelPolicy's keywords and DemandOptions' fields
     margin: float = _o("margin", "margin", {"type": "number", "minimum": 0, "maximum": 0.9})
     forecast_window: float = _o("forecastWindowSeconds", "forecast_window", POS)
     scale_down_delay: float = _o("scaleDownDelaySeconds", "scale_down_delay", NONNEG)
@@ -74,9 +80,11 @@ def signal_triggers(o: SloModelOptions) -> list[Trigger]:
 
 
 def build(spec, options: SloModelOptions, latency_model) -> SloModelPolicy:
+    given = dataclasses.asdict(options)
+    demand = DemandOptions(**{k: given.pop(k) for k in _DEMAND})
     return SloModelPolicy(spec.slos, latency_model, min_replicas=spec.min_replicas,
                           max_replicas=spec.max_replicas, polling_interval=spec.polling_interval,
-                          startup_delay=spec.startup_delay, **dataclasses.asdict(options))
+                          startup_delay=spec.startup_delay, demand=demand, **given)
 
 
 SLO_MODEL = register(PolicyType(
