@@ -205,3 +205,54 @@ def test_requires_the_router_key(emulated_servers):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=router.url + "/v1", api_key="wrong", max_retries=0).files.list()
         assert openai.OpenAI(base_url=router.url + "/v1", api_key="k").batches.list().data == []
+
+
+FLOW = {"kind": "EndpointPickerConfig",
+        "saturationDetector": {"queueDepthThreshold": 4, "kvCacheUtilThreshold": 0.9},
+        "flowControl": {"priorityBands": [
+            {"priority": 10, "name": "interactive", "maxRequests": 500, "ttl": "30s"},
+            {"priority": 0, "name": "batch", "maxRequests": 500, "ttl": "30s", "saturation": 0.25}]},
+        "dataLayer": {"refreshInterval": "50ms"}}
+
+
+def test_batch_lines_go_only_under_the_band_level_and_interactive_is_not_held(emulated_servers, tmp_path):
+    """The batch band at a quarter of the saturation thresholds: batch lines reach the engine only while
+    nothing waits there (its waiting queue stays at about one request), while interactive requests sent
+    during the batch are dispatched by the gate at once."""
+    urls = emulated_servers(1, "--max-num-seqs", "8")
+    with start_router(urls, FLOW, state_dir=str(tmp_path), batch_inflight=64) as router:
+        c = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+        rows = [line(i, i % 2 == 0, max_tokens=8, ignore_eos=True) for i in range(96)]
+        b = c.batches.create(input_file_id=upload(c, rows), endpoint="/v1/completions",
+                             completion_window="1h")
+        waiting, interactive = [], []  # (64 lines out at once would leave 56 waiting without the level)
+        while c.batches.retrieve(b.id).request_counts.completed < 24:
+            waiting.append(sum(float(s.split()[-1]) for s in httpx.get(
+                urls[0] + "/metrics", trust_env=False).text.splitlines()
+                if s.startswith("vllm:num_requests_waiting")))
+            time.sleep(0.05)
+        for i in range(10):  # while the batch runs
+            t0 = time.monotonic()
+            r = httpx.post(router.url + "/v1/completions", headers={"x-slopilot-priority": "interactive"},
+                           json={"model": MODEL, "prompt": f"now {i}", "max_tokens": 2}, trust_env=False,
+                           timeout=30)
+            assert r.status_code == 200
+            interactive.append(time.monotonic() - t0)
+        assert wait_done(c, b.id).request_counts.completed == 96
+        text = httpx.get(router.url + "/metrics", trust_env=False).text
+
+        def sample(name: str, **labels) -> float:
+            want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            return next(float(s.split()[-1]) for s in text.splitlines()
+                        if s.startswith(name + "{") and s[len(name) + 1:].startswith(want))
+
+        def mean_wait(band: str) -> float:
+            labels = {"inference_pool": "default", "outcome": "Dispatched", "priority": band}
+            base = "llm_d_epp_flow_control_request_queue_duration_seconds"
+            return sample(base + "_sum", **labels) / sample(base + "_count", **labels)
+
+        print(f"engine waiting while the batch ran: max {max(waiting):.0f}; gate wait: batch "
+              f"{mean_wait('batch') * 1000:.0f} ms, interactive {mean_wait('interactive') * 1000:.1f} ms; "
+              f"interactive e2e max {max(interactive) * 1000:.0f} ms")
+        assert max(waiting) <= 2  # a quarter of the threshold of 4 (plus a scrape's lag)
+        assert mean_wait("interactive") < 0.01 < mean_wait("batch")
