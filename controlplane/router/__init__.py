@@ -4,6 +4,6 @@ the pool is saturated or scaled to zero, and exports llm-d-named metrics for aut
 
     cfg = load_router_config("examples/router.yaml")
     app = build_router_app(cfg, static(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]))
-    HttpServer(app.handle, app.startup, app.shutdown, "127.0.0.1", 8080).run()   # its own HTTP server
+    HttpServer(app.handle, app.startup, app.shutdown, "127.0.0.1", 8080).run()   # router.httpserver
     # or in a background thread: with RouterServer(app) as router: router.url
 """

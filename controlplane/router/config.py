@@ -20,6 +20,10 @@
                                                # fraction of the detector's thresholds (default 1)
       objectives: {premium: 10}                # x-gateway-inference-objective header (or model) -> priority
     dataLayer: {refreshInterval: 100ms, healthCheckInterval: 1s, ejectAfter: 1}
+    timeouts:                                  # each proxied request's, per route if given (no byte of the
+      firstByte: 60s                           # answer in firstByte: tried on another endpoint; the whole
+      total: 10m                               # answer within total, else cut off)
+      routes: {/v1/completions: {firstByte: 30s, total: 5m}}
 
 Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-cache-utilization-scorer
 (kv), prefix-cache-scorer (prefix), active-request-scorer (load: requests in flight through this
@@ -82,6 +86,8 @@ ROUTER_SCHEMA = mapping(
                  "saturation": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("priority",))},
             "objectives": {"type": "object", "additionalProperties": {"type": "integer"}},
         }),
+        "timeouts": mapping({"firstByte": DURATION, "total": DURATION, "routes": {
+            "type": "object", "additionalProperties": mapping({"firstByte": DURATION, "total": DURATION})}}),
         "dataLayer": mapping({"refreshInterval": DURATION, "healthCheckInterval": DURATION,
                               "scrapeTimeout": DURATION, "ejectAfter": {"type": "integer", "minimum": 1},
                               "connectTimeout": DURATION, "maxRetries": {"type": "integer", "minimum": 0}}),
@@ -124,10 +130,17 @@ class RouterConfig:
     connect_timeout: float = 2.0
     eject_after: int = 1  # consecutive failures (refused, 503, failed scrape) before an endpoint is ejected
     max_retries: int = 2  # other endpoints tried before the first byte
+    first_byte_timeout: float = 60.0  # no byte of an engine's answer by then: another endpoint
+    total_timeout: float = 600.0  # the whole answer (a stream's last chunk) by then, else cut off
+    route_timeouts: dict[str, tuple[float, float]] = field(default_factory=dict)  # path -> both
     source: str = "ROUTER"
 
     def prefix_block(self) -> int:
         return self.block_size or (16 if self.tokenizer else 64)
+
+    def timeouts(self, path: str) -> tuple[float, float]:
+        """(first byte, total) seconds for a request on `path`."""
+        return self.route_timeouts.get(path) or (self.first_byte_timeout, self.total_timeout)
 
 
 def load_router_config(source: str | Path | dict | Document | None) -> RouterConfig:
@@ -192,7 +205,23 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
     for key, attr in (("ejectAfter", "eject_after"), ("maxRetries", "max_retries")):
         if key in d.get("dataLayer", {}):
             setattr(cfg, attr, int(d["dataLayer"][key]))
+    if "timeouts" in d:
+        _timeouts(doc, cfg)
     return cfg
+
+
+def _timeouts(doc: Document, cfg: RouterConfig) -> None:
+    t = doc.data["timeouts"]
+    if "firstByte" in t:
+        cfg.first_byte_timeout = _duration(doc, ("timeouts", "firstByte"), t["firstByte"])
+    if "total" in t:
+        cfg.total_timeout = _duration(doc, ("timeouts", "total"), t["total"])
+    for route, r in t.get("routes", {}).items():
+        where = ("timeouts", "routes", route)
+        first = _duration(doc, (*where, "firstByte"), r["firstByte"]) if "firstByte" in r \
+            else cfg.first_byte_timeout
+        total = _duration(doc, (*where, "total"), r["total"]) if "total" in r else cfg.total_timeout
+        cfg.route_timeouts[str(route)] = (first, total)
 
 
 def _int(doc: Document, where: tuple, params: dict, key: str, default: int) -> int:

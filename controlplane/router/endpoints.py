@@ -80,6 +80,7 @@ class Endpoint:
     models: set[str] = field(default_factory=set)
     served: int = 0
     bad_samples: int = 0  # gauge samples skipped as out of range (logged once per endpoint)
+    busy_until: float = -math.inf  # monotonic time: it answered 429, so nothing new goes there before
 
     def serves(self, model: str) -> bool:
         """Whether it may take a request for `model` (any, while its page has shown no model name)."""

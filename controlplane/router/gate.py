@@ -125,8 +125,8 @@ class Gate:
 
     @staticmethod
     def _serving(held: Held, room: list[Endpoint]) -> list[Endpoint]:
-        model = held.item.model
-        return [e for e in room if e.serves(model)]
+        model, now = held.item.model, time.monotonic()
+        return [e for e in room if e.serves(model) and e.busy_until <= now]  # busy: it answered 429
 
     def _dispatch(self, held: Held, room: list[Endpoint]) -> None:
         p = held.item
@@ -146,7 +146,9 @@ class Gate:
     def retry_target(self, p: Pending, tried: set[str]) -> Endpoint | None:
         """Another endpoint for a request that failed before its first byte (None: none left)."""
         self.release(p, pump=False)
-        others = [e for e in self.pool.routable() if e.url not in tried and e.serves(p.model)]
+        now = time.monotonic()
+        others = [e for e in self.pool.routable()
+                  if e.url not in tried and e.serves(p.model) and e.busy_until <= now]
         return self.pick(p, others) if others else None
 
     def take(self, ep: Endpoint, p: Pending) -> None:

@@ -6,7 +6,7 @@ handler task, builds a message dict and goes through the server's send; here the
 callback writes each chunk to the client's socket itself (controlplane.router.upstream.Response.relay),
 and a client that goes away closes the upstream request at once, with no task watching for it.
 
-    server = HttpServer(handle, startup, shutdown, "127.0.0.1", 8080)
+    server = HttpServer(handle, startup, shutdown, "127.0.0.1", 8080)   # controlplane.router.httpserver
     server.run()               # until server.should_exit is set (another thread) or SIGINT/SIGTERM
     handle(request, conn)      # a coroutine: answers with conn.respond(...) or a stream:
                                # conn.start_stream(...), conn.send_chunk(...), conn.end_stream(...)
@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import threading
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import httptools
 
+from controlplane.router.limits import ServerLimits
+
 log = logging.getLogger("slopilot.router")
+DEFAULT_LIMITS = ServerLimits()
 
 MAX_BODY_BYTES = 4 * 2**20
 _STATUS = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
@@ -42,10 +44,16 @@ class Request:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: requests in order (a pipelined one waits for the previous answer)."""
+    """One client connection: requests in order (a pipelined one waits for the previous answer).
 
-    def __init__(self, handle: Callable[[Request, Connection], Awaitable[None]], conns: set):
-        self.handle, self.conns = handle, conns
+    Limits (controlplane.router.limits): `deadline` is the loop time by which the head, the body or
+    the next request of an idle keep-alive connection must have arrived (HttpServer's sweep closes
+    it after), and the head's size is checked as it arrives. Past `cap` connections, a new one is
+    answered 503 and closed."""
+
+    def __init__(self, handle: Callable[[Request, Connection], Awaitable[None]], conns: set,
+                 limits: ServerLimits = DEFAULT_LIMITS, cap: int | None = None):
+        self.handle, self.conns, self.limits, self.cap = handle, conns, limits, cap
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
@@ -59,18 +67,45 @@ class Connection(asyncio.Protocol):
         self.started = False  # its answer has begun
         self.task: asyncio.Task | None = None  # the current request's handler
         self._url, self._headers, self._body, self._size = b"", [], [], 0
+        self.deadline = math.inf  # loop time; see the class's docstring
+        self.begun = False  # bytes of a request not yet complete have arrived
+        self._in_head = True  # the next bytes are a request head's
+        self._head_bytes = 0  # bytes read while the head was unfinished (the parser buffers them)
+        self._header_bytes = 0  # the header fields' names and values
+        self._too_big = 0  # 414 or 431 once the head is over a limit
+        self._fail_after: tuple[int, bytes] | None = None  # an error found while an answer runs
+        self._close_after = False  # an upgrade or CONNECT: answer it, then close
 
     # -- asyncio ---------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.cap is not None and len(self.conns) >= self.cap:
+            why = b"too many open connections to the router"
+            self.closed = True
+            transport.write(_STATUS[503] + b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                            % (len(why), why))
+            transport.close()
+            return
         self.conns.add(self)
+        self.deadline = asyncio.get_running_loop().time() + self.limits.header_timeout
+
+    def expire(self) -> None:
+        """Past the deadline: 408 for a request that had begun, the connection closed either way."""
+        if self.busy or self.closed:
+            return
+        if self.begun:
+            self._fail(408, b"the request did not arrive in time")
+        else:
+            self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.conns.discard(self)
         cb, self.on_close = self.on_close, None
         if cb is not None:
-            cb()
+            cb()  # a relayed answer: its upstream request is closed (the engine aborts)
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()  # gone before its answer began: the handler stops, its upstream closes
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -82,30 +117,68 @@ class Connection(asyncio.Protocol):
             cb()
 
     def data_received(self, data: bytes) -> None:
+        if self._fail_after is not None or self._close_after:
+            return  # nothing more is read from this connection
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, b"upgrades are not supported")
+        except httptools.HttpParserUpgrade:  # an Upgrade or CONNECT request, complete: answered, then closed
+            self._close_after = True
+            if self.busy and not self.started:
+                self.keep_alive = False  # its answer says so
+            if not self.busy and not self.pending:
+                self._fail(400, b"upgrades and CONNECT are not supported")
+            return
         except httptools.HttpParserError as exc:
             self._fail(400, f"malformed request: {exc}".encode())
+            return
+        if self._in_head and self.begun:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_head_bytes + self.limits.max_url_bytes:
+                self._too_big = self._too_big or (414 if not self._headers else 431)
+        if self._too_big:
+            self._fail(self._too_big, b"the request line is too long" if self._too_big == 414
+                       else b"the request header fields are too large")
 
     def _fail(self, status: int, why: bytes) -> None:
-        if not self.busy:
+        """An error answer, then the connection closes; while an answer is being sent, after it."""
+        if self.busy or self.pending:
+            if self._fail_after is None:
+                self._fail_after = (status, why)
+                self.transport.pause_reading()
+            return
+        if not self.closed:
             self.transport.write(_STATUS[status] + b"content-length: %d\r\nconnection: close\r\n\r\n%s"
                                  % (len(why), why))
+        self.closed = True
         self.transport.close()
 
     # -- parser callbacks ------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body, self._size = b"", [], [], 0
+        self._in_head, self._head_bytes, self._header_bytes, self.begun = True, 0, 0, True
+        if not self.busy:
+            self.deadline = asyncio.get_running_loop().time() + self.limits.header_timeout
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self.limits.max_url_bytes:
+            self._too_big = 414
+            self._url = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a chunked body's trailer fields: not headers of the request
+            return
+        self._header_bytes += len(name) + len(value)
         self._headers.append((name.lower(), value))
+        if len(self._headers) > self.limits.max_headers or self._header_bytes > self.limits.max_head_bytes:
+            self._too_big = self._too_big or 431
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._too_big:
+            return
+        if not self.busy:
+            self.deadline = asyncio.get_running_loop().time() + self.limits.body_timeout
         if (b"expect", b"100-continue") in self._headers:  # curl waits for this before a large body
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -115,6 +188,9 @@ class Connection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes, self.begun = True, 0, False
+        if self._too_big:
+            return
         p = self.parser
         req = Request(p.get_method(), self._url, self._headers, b"".join(self._body),
                       self._size > MAX_BODY_BYTES, p.should_keep_alive(), p.get_http_version() == "1.0")
@@ -127,6 +203,7 @@ class Connection(asyncio.Protocol):
     # -- one request at a time -------------------------------------------------------------------
     def _start(self, req: Request) -> None:
         self.busy, self.answered, self.started, self.keep_alive = True, False, False, req.keep_alive
+        self.deadline = math.inf  # the upstream's timeouts bound an answer
         self.chunked = not req.http10
         self.task = asyncio.get_running_loop().create_task(self.handle(req, self))  # held: the loop's is weak
         self.task.add_done_callback(self._finished)
@@ -148,8 +225,15 @@ class Connection(asyncio.Protocol):
             self.transport.close()
         elif self.pending:
             self._start(self.pending.popleft())
-            if not self.pending:
+            if not self.pending and self._fail_after is None:
                 self.transport.resume_reading()
+        elif self._fail_after is not None:  # a malformed request after the ones answered
+            self._fail(*self._fail_after)
+        elif self._close_after:
+            self.transport.close()
+        else:
+            self.deadline = asyncio.get_running_loop().time() + (
+                self.limits.header_timeout if self.begun else self.limits.idle_timeout)
 
     # -- answers ---------------------------------------------------------------------------------
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes) -> bytes:
@@ -182,6 +266,14 @@ class Connection(asyncio.Protocol):
         data = self._head(status, headers, b"transfer-encoding: chunked\r\n")
         self.transport.write(data + b"%x\r\n%s\r\n" % (len(first), first) if first else data)
 
+    def start_sized(self, status: int, headers: list[tuple[bytes, bytes]], length: int,
+                    first: bytes = b"") -> None:
+        """The head of an answer of `length` bytes relayed as they come (send_chunk, end_stream)."""
+        if self.closed:
+            return
+        self.chunked = False
+        self.transport.write(self._head(status, headers, b"content-length: %d\r\n" % length) + first)
+
     def send_chunk(self, data: bytes) -> None:
         if data and not self.closed:
             self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
@@ -195,51 +287,3 @@ class Connection(asyncio.Protocol):
         else:
             self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         self.answered = True
-
-
-class HttpServer:
-    """Serves `handle` on host:port; startup() runs before the socket opens, shutdown() after it closes."""
-
-    def __init__(self, handle, startup: Callable[[], Awaitable[None]],
-                 shutdown: Callable[[], Awaitable[None]], host: str, port: int):
-        self.handle, self.startup, self.shutdown, self.host, self.port = handle, startup, shutdown, host, port
-        self.started = False
-        self.should_exit = False
-
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        conns: set[Connection] = set()
-        await self.startup()
-        server = await loop.create_server(lambda: Connection(self.handle, conns), self.host, self.port,
-                                          reuse_address=True, backlog=2048)
-        self.started = True
-        try:
-            while not self.should_exit:
-                await asyncio.sleep(0.1)
-        finally:
-            server.close()
-            for c in list(conns):  # idle keep-alive connections close now; busy ones get a moment
-                if not c.busy:
-                    c.transport.close()
-            for _ in range(50):
-                if not conns:
-                    break
-                await asyncio.sleep(0.1)
-            for c in list(conns):
-                c.transport.abort()
-            await self.shutdown()
-
-    def run(self) -> None:
-        """Serves in this thread on a new event loop (uvloop's when installed) until should_exit."""
-        try:
-            import uvloop
-            loop = uvloop.new_event_loop()
-        except ImportError:
-            loop = asyncio.new_event_loop()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, lambda: setattr(self, "should_exit", True))
-        try:
-            loop.run_until_complete(self.serve())
-        finally:
-            loop.close()

@@ -12,15 +12,18 @@ import time
 
 from controlplane.prometheus_server import free_port
 from controlplane.router.app import RouterApp
-from controlplane.router.http import HttpServer
+from controlplane.router.httpserver import HttpServer
+from controlplane.router.limits import ServerLimits
 
 
 class RouterServer:
-    def __init__(self, app: RouterApp, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, app: RouterApp, host: str = "127.0.0.1", port: int | None = None,
+                 limits: ServerLimits | None = None):
         self.app, self.host, self.port = app, host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.state = app.state.router
-        self.server = HttpServer(app.handle, app.startup, app.shutdown, host, self.port)
+        self.server = HttpServer(app.handle, app.startup, app.shutdown, host, self.port,
+                                 limits or ServerLimits())
         self._thread = threading.Thread(target=self.server.run, name="router", daemon=True)
 
     def start(self, timeout: float = 15.0) -> RouterServer:

@@ -32,15 +32,23 @@ class UpstreamError(Exception):
         self.refused = refused
 
 
+class AnswerTooLarge(UpstreamError):
+    """The answer is longer than the caller would hold."""
+
+
 class UpstreamTimeout(UpstreamError):
-    """No complete answer within the request's timeout."""
+    """No complete answer (or no first byte) within the request's timeout."""
+
+    def __init__(self, message: str, nothing_received: bool = False):
+        super().__init__(message)
+        self.nothing_received = nothing_received
 
 
 class Response:
     """One answer: status and headers once `request` returns, then body chunks as they arrive."""
 
     __slots__ = ("status", "headers", "keep_alive", "_conn", "_chunks", "_size", "_done", "_error",
-                 "_waiter", "_any_byte", "_timer", "_sink", "tail", "_want_body")
+                 "_waiter", "_any_byte", "_timer", "_sink", "tail", "_want_body", "_fb_timer")
 
     def __init__(self, conn: _Connection):
         self.status = 0
@@ -53,7 +61,8 @@ class Response:
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future | None = None
         self._any_byte = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the whole answer's deadline
+        self._fb_timer: asyncio.TimerHandle | None = None  # the first byte's
         self._sink = None  # while relaying: where each read's body goes (an http.Connection)
         self.tail = b""  # the last bytes relayed
         self._want_body = False  # request() returns at the first body bytes, not at the headers
@@ -139,19 +148,31 @@ class Response:
         elif self._done:
             sink.end_stream()
 
-    async def read_all(self) -> bytes:
-        parts = []
+    async def read_all(self, limit: int | None = None) -> bytes:
+        """The rest of the answer; AnswerTooLarge (the connection closed) past `limit` bytes."""
+        parts, size = [], 0
         while chunk := await self.read_chunk():
             parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.close()
+                raise AnswerTooLarge(f"the endpoint's answer is over {limit} bytes")
         return b"".join(parts)
 
     def close(self) -> None:
         """Done with it: an unfinished answer's connection is closed (the endpoint sees the client go)."""
         conn, self._conn = self._conn, None
-        if self._timer is not None:
-            self._timer.cancel()
+        self._cancel_timers()
         if conn is not None and not self._done:
             conn.transport.close()
+
+    def _cancel_timers(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._fb_timer is not None:
+            self._fb_timer.cancel()
+            self._fb_timer = None
 
     # -- fed by the connection -------------------------------------------------------------------
     def _wake(self) -> None:
@@ -196,7 +217,11 @@ class _Connection(asyncio.Protocol):
         if r is None:  # nothing was asked: an idle connection the endpoint is closing, or garbage
             self.transport.close()
             return
-        r._any_byte = True
+        if not r._any_byte:
+            r._any_byte = True
+            if r._fb_timer is not None:
+                r._fb_timer.cancel()
+                r._fb_timer = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -232,6 +257,7 @@ class _Connection(asyncio.Protocol):
         r, self.response = self.response, None
         r._done = True
         r._conn = None
+        r._cancel_timers()
         if r._size >= HIGH_WATER:
             self.transport.resume_reading()
         r._wake()
@@ -284,11 +310,13 @@ class Upstream:
             idle.remove(conn)
 
     async def request(self, url: str, method: bytes, path: str, headers: bytes, body: bytes = b"",
-                      timeout: float | None = None, first_body: bool = False) -> Response:
+                      timeout: float | None = None, first_body: bool = False,
+                      first_byte_timeout: float | None = None) -> Response:
         """Sends the request and waits for the answer's status and headers (with `first_body`, for its
         first body bytes too: one wake-up instead of two). `headers`: the header lines
         (b"name: value\\r\\n" each) besides Host and Content-Length. With `timeout`, the connection
-        is closed if the whole answer has not arrived by then."""
+        is closed if the whole answer has not arrived by then; with `first_byte_timeout`, if no byte
+        of it has (UpstreamTimeout either way; a first-byte one has `nothing_received` set)."""
         host, port, host_header = self._key(url)
         key = (host, port)
         head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s\r\n" % (
@@ -296,7 +324,7 @@ class Upstream:
         data = head + body
         idle = self._idle.get(key)
         conn = idle.pop() if idle else await self._connect(key, timeout)
-        r = self._start(conn, data, timeout, first_body)
+        r = self._start(conn, data, timeout, first_body, first_byte_timeout)
         try:
             await r._head(first_body)
             return r
@@ -305,12 +333,13 @@ class Upstream:
                 raise
         # a reused connection the endpoint closed while it sat idle, before any byte of the answer:
         # once more on a new one (the endpoint never saw the request)
-        r = self._start(await self._connect(key, timeout), data, timeout, first_body)
+        r = self._start(await self._connect(key, timeout), data, timeout, first_body, first_byte_timeout)
         await r._head(first_body)
         return r
 
     @staticmethod
-    def _start(conn: _Connection, data: bytes, timeout: float | None, first_body: bool) -> Response:
+    def _start(conn: _Connection, data: bytes, timeout: float | None, first_body: bool,
+               first_byte_timeout: float | None = None) -> Response:
         r = conn.response = Response(conn)
         r._want_body = first_body
         if conn.closed:
@@ -319,6 +348,9 @@ class Upstream:
             conn.transport.write(data)
         if timeout is not None:
             r._timer = asyncio.get_running_loop().call_later(timeout, _time_out, r, conn, timeout)
+        if first_byte_timeout is not None:
+            r._fb_timer = asyncio.get_running_loop().call_later(first_byte_timeout, _no_first_byte, r, conn,
+                                                                first_byte_timeout)
         return r
 
     async def get(self, url: str, path: str, timeout: float, headers: bytes = b"") -> tuple[int, bytes]:
@@ -339,4 +371,10 @@ class Upstream:
 def _time_out(r: Response, conn: _Connection, timeout: float) -> None:
     if not r._done:
         r._fail(UpstreamTimeout(f"no complete answer within {timeout:g} s"))
+        conn.transport.close()
+
+
+def _no_first_byte(r: Response, conn: _Connection, timeout: float) -> None:
+    if not r._any_byte and not r._done:
+        r._fail(UpstreamTimeout(f"no answer within {timeout:g} s", nothing_received=True))
         conn.transport.close()

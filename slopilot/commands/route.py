@@ -39,6 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "restarted router resumes every batch. Default: in memory, lost at exit")
     p.add_argument("--batch-max-inflight", type=int, default=64, metavar="N",
                    help="batch lines out at a time (held in the gateway's batch band or at an engine)")
+    p.add_argument("--max-connections", type=int, default=10_000,
+                   help="client connections at once (also kept under half the descriptor limit); "
+                        "past it a new connection gets 503")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds for a request's line and headers to arrive (else 408)")
+    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request's body (else 408)")
+    p.add_argument("--idle-timeout", type=float, default=60.0,
+                   help="seconds a keep-alive connection may idle")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -48,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from controlplane.router import discovery
     from controlplane.router.app import build_router_app
     from controlplane.router.config import load_router_config
-    from controlplane.router.http import HttpServer
+    from controlplane.router.httpserver import HttpServer
+    from controlplane.router.limits import ServerLimits
 
     sources = [bool(args.endpoint), bool(args.targets), bool(args.k8s_service)]
     if sum(sources) != 1:
@@ -66,5 +75,10 @@ def run(args: argparse.Namespace) -> int:
                            pool_name=args.pool_name, state_dir=args.state_dir,
                            batch_inflight=args.batch_max_inflight)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    HttpServer(app.handle, app.startup, app.shutdown, args.host, args.port).run()
+    for flag in ("max_connections", "header_timeout", "body_timeout", "idle_timeout"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
+    limits = ServerLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                          idle_timeout=args.idle_timeout, max_connections=args.max_connections)
+    HttpServer(app.handle, app.startup, app.shutdown, args.host, args.port, limits).run()
     return 0
