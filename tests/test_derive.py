@@ -339,3 +339,33 @@ def test_models_wrong_name_lists_the_known(argv, known, capsys):
     assert main(["models", *argv]) == 2
     err = capsys.readouterr().err
     assert "unknown" in err and known in err
+
+
+# --- plan: one model on several GPUs, TP degrees and dtypes -----------------------------------------
+
+PLAN_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan_llama31_70b_gpus.yaml"
+
+
+def test_plan_example_sweeps_gpus_tp_and_dtype(shared_data):
+    from simulator.planner.plan import load_plan
+
+    plan = load_plan(PLAN_EXAMPLE)
+    names = {c.deployment.pool["latency_model"] for c in plan.candidates}
+    assert len(names) == 12 and all(is_derived(n) for n in names)
+    assert {parse_derived_name(n)["gpu"] for n in names} == {"h100-sxm", "h200", "b200"}
+    assert {c.deployment.gpus_per_replica for c in plan.candidates} == {4, 8}
+
+
+@pytest.mark.slow
+def test_plan_answers_the_gpu_question_in_under_5_minutes(shared_data, tmp_path, capsys):
+    import time
+
+    from slopilot.cli import main
+
+    start = time.perf_counter()
+    assert main(["plan", str(PLAN_EXAMPLE), "--out", str(tmp_path), "--no-plots", "--no-progress"]) == 0
+    took = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert took < 300, took
+    answer = json.loads((tmp_path / "plan.json").read_text())["answer"]["text"]
+    assert "held-out MAPE" in answer and "held-out MAPE" in out and "12 candidates" in out

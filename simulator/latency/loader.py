@@ -55,3 +55,27 @@ def load_latency_model(name_or_path: str | Path | dict) -> LatencyModel:
                 "[-kvDTYPE], e.g. llama-3.1-70b@h200-tp4-fp8"
             )
     return fitted.load_latency_model(ref)
+
+
+def derived_error_note(names: list[str]) -> str:
+    """One sentence on the held-out error of the derived models among names ('' if none is derived)."""
+    from simulator.latency.derive import load_efficiencies
+
+    derived = sorted({str(n) for n in names if is_derived(n)})
+    if not derived:
+        return ""
+    splits = {r["split"]: r["heldout_error_pct"] for r in load_efficiencies()[1].get("heldout", [])}
+
+    def pct(split: str) -> str:
+        e = splits.get(split, {})
+        return "/".join(f"{e[p]['mape']:.0f}%" for p in ("decode", "prefill") if p in e) or "-"
+
+    worst = {p: max((e[p]["mape"] for e in splits.values() if p in e), default=float("nan"))
+             for p in ("decode", "prefill")}
+    new_gpu, new_model = pct("GPU: fit a100-80gb, predict h100-sxm"), pct("model: predict BLOOM-176B")
+    shown = ", ".join(derived[:3]) + (", ..." if len(derived) > 3 else "")
+    return (f"Step times of {len(derived)} derived latency model(s) ({shown}): held-out MAPE decode/prefill "
+            f"{new_gpu} for a GPU not measured (fit A100, predict H100), {new_model} for a model not "
+            f"measured (BLOOM-176B), at worst {worst['decode']:.0f}%/{worst['prefill']:.0f}% over every "
+            "split "
+            "(slopilot models list).")

@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from simulator.latency.loader import derived_error_note
     from simulator.planner.plan import load_plan
     from simulator.planner.progress import SweepProgress
     from simulator.planner.rank import money
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
             result = run_plan(plan, runner, progress)
     finally:
         runner.close()
+    note = derived_error_note([c.deployment.pool["latency_model"] for c in plan.candidates])
+    if note:  # the derived models' held-out error, beside the answer (printed, plan.json, report.html)
+        result["answer"]["text"] += " " + note
     written = write_plan_outputs(plan, result, Path(args.out), plots=not args.no_plots)
     cur = result["currency"]
     print(result["answer"]["text"])
