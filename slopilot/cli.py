@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "control": "slopilot.commands.control",
     "fleet": "slopilot.commands.fleet",
     "route": "slopilot.commands.route",
+    "async": "slopilot.commands.async_consumer",  # (`async` is a Python keyword)
     "plan": "slopilot.commands.plan",
     "compare": "slopilot.commands.compare",
     "models": "slopilot.commands.models",
