@@ -1,7 +1,7 @@
-"""Builds the controller's loops from loaded specs: a policy, a metric source and a target for each.
+"""Builds one autoscaler's loop: its policy, target, metric source and decision log.
 
-Shared by `slopilot control` and `slopilot fleet up`; the caller says where metrics come from (a
-Prometheus URL, or engine endpoints to scrape) and hands a target per spec.
+The one build_loop of `slopilot control`, the Kubernetes controller (with its KubeLoop) and `slopilot
+fleet up`; the settings (where metrics come from, the decision log, timeouts) are a ControllerArgs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from autoscaler.spec import Spec, make_policy
 from controlplane.controller import AutoscalerLoop
 from controlplane.decision_log import DecisionLog
+from controlplane.settings import ControllerArgs
 from controlplane.sources import PrometheusSource, ScrapeSource
 from controlplane.sources.prometheus import raw_triggers, resolve_trigger_authentication
 from controlplane.specs import Loaded
@@ -34,18 +35,21 @@ def trigger_auth(spec: Spec, loaded: Loaded) -> dict[str, dict]:
     return out
 
 
-def source_for(spec: Spec, loaded: Loaded, prometheus: str | None, scrape, engine: str, timeout: float):
-    """A ScrapeSource over `scrape` (endpoints, or a callable returning them) when given, else a
-    PrometheusSource (`prometheus` overrides each trigger's serverAddress when given)."""
-    if scrape is not None:
-        return ScrapeSource(scrape, engine=engine, timeout=timeout)
+def source_for(spec: Spec, settings: ControllerArgs, loaded: Loaded | None = None):
+    """A ScrapeSource over settings.scrape (endpoints, or a callable returning them) when given, else a
+    PrometheusSource (settings.prometheus overrides each trigger's serverAddress when given)."""
+    if settings.scrape is not None:
+        return ScrapeSource(settings.scrape, engine=settings.engine, timeout=settings.timeout,
+                            window=settings.window)
     default = next((t.server_address for t in spec.triggers if getattr(t, "server_address", None)), None)
-    url = prometheus or default
+    url = settings.prometheus or default
     if not url:
         raise ValueError(f"{spec.name}: no Prometheus to ask: give --prometheus URL (or --scrape) or a "
                          f"trigger serverAddress")
-    return PrometheusSource(url, engine="vllm" if engine == "auto" else engine, timeout=timeout,
-                            trigger_auth=trigger_auth(spec, loaded), override=prometheus is not None)
+    engine = "vllm" if settings.engine == "auto" else settings.engine
+    return PrometheusSource(url, engine=engine, timeout=settings.timeout, window=settings.window,
+                            trigger_auth=trigger_auth(spec, loaded or Loaded()),
+                            override=settings.prometheus is not None)
 
 
 def log_path(template: str | None, name: str, several: bool) -> Path | None:
@@ -57,20 +61,23 @@ def log_path(template: str | None, name: str, several: bool) -> Path | None:
     return Path(template.format(name=name))
 
 
-def build_loops(loaded: Loaded, target_for: Callable[[Spec], object],
-                source_for_spec: Callable[[Spec], object], latency_model=None,
-                state_dir: str | None = None, decision_log: str | None = None,
-                telemetry: Telemetry | None = None) -> list[AutoscalerLoop]:
-    state = StateStore(state_dir) if state_dir else None
-    several = len(loaded.specs) > 1
-    loops = []
-    for spec, path in loaded.specs:
-        if spec.needs_latency_model and latency_model is None:
-            raise ValueError(f"{path}: {spec.name} is an {spec.policy_type} policy: give --latency-model "
-                             f"(a shipped model name or a calibrated JSON)")
-        policy = make_policy(spec, latency_model=latency_model)
-        lp = log_path(decision_log, spec.name, several)
-        log_file = DecisionLog(lp, [t.name for t in spec.triggers]) if lp else None
-        loops.append(AutoscalerLoop(spec, policy, source_for_spec(spec), target_for(spec), state, log_file,
-                                    telemetry))
-    return loops
+def build_loop(spec: Spec, settings: ControllerArgs, target_for: Callable[[Spec], object],
+               source_for_spec: Callable[[Spec, object], object], latency_model=None, *, where: str = "",
+               several: bool = False, log_name: str | None = None, state: StateStore | None = None,
+               telemetry: Telemetry | None = None, make: Callable | None = None) -> AutoscalerLoop:
+    """One autoscaler's loop. The policy comes first (a type that needs a latency model is refused
+    without one, before any source starts), then target_for(spec), source_for_spec(spec, target) and
+    the decision log (settings.decision_log with {name} = log_name, default the spec's name).
+    make(policy, source, target, log_file) builds a loop of another class (the KubeLoop); else an
+    AutoscalerLoop with `state`."""
+    if spec.needs_latency_model and latency_model is None:
+        raise ValueError(f"{where}: {spec.name} is an {spec.policy_type} policy: it needs the engines' "
+                         f"step-time model: give --latency-model (a shipped model name or a calibrated JSON)")
+    policy = make_policy(spec, latency_model=latency_model)
+    target = target_for(spec)
+    source = source_for_spec(spec, target)
+    lp = log_path(settings.decision_log, log_name or spec.name, several)
+    log_file = DecisionLog(lp, [t.name for t in spec.triggers]) if lp else None
+    if make is not None:
+        return make(policy, source, target, log_file)
+    return AutoscalerLoop(spec, policy, source, target, state, log_file, telemetry)

@@ -14,16 +14,16 @@ drain) and Prometheus, in that order. The run folder holds the decision log (rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
 import time
 from pathlib import Path
 
-from autoscaler.spec import make_policy
+from controlplane.assemble import build_loop
 from controlplane.controller import AutoscalerLoop, Controller
 from controlplane.dashboard import Dashboard
-from controlplane.decision_log import DecisionLog
 from controlplane.fleet import LocalFleet
 from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.file_sd import write_file_sd
@@ -31,18 +31,26 @@ from controlplane.loadgen import LoadGenerator
 from controlplane.prometheus_server import PrometheusServer
 from controlplane.router.app import build_router_app
 from controlplane.router.server import RouterServer
+from controlplane.settings import ControllerArgs
 from controlplane.sources import PrometheusSource
 from controlplane.state import StateStore
 from controlplane.telemetry import Telemetry
 
 
 class LocalRun:
-    def __init__(self, config: FleetConfig, out: str | Path, rate_window: float = 60.0,
-                 with_load: bool = True):
+    def __init__(self, config: FleetConfig, out: str | Path, rate_window: float | None = None,
+                 with_load: bool = True, settings: ControllerArgs | None = None):
+        """settings: the controller's (ControllerArgs; rate_window overrides its window); the state and
+        the decision log go in `out` whatever they say."""
         if config.autoscaler is None:
             raise ValueError(f"{config.source}: autoscaler: a fleet run needs an autoscaler spec")
         self.cfg, self.out = config, Path(out)
-        self.rate_window, self.with_load = rate_window, with_load
+        settings = settings or ControllerArgs()
+        log = str(self.out / "decisions.csv").replace("{", "{{").replace("}", "}}")  # a path, not a template
+        window = settings.window if rate_window is None else rate_window
+        self.settings = dataclasses.replace(settings, window=window, state_dir=str(self.out / "state"),
+                                            decision_log=log)
+        self.rate_window, self.with_load = self.settings.window, with_load
         self.stopping = threading.Event()
         self.telemetry = Telemetry()
         self.fleet: LocalFleet | None = None
@@ -81,10 +89,12 @@ class LocalRun:
             if model is None:
                 raise ValueError(f"{cfg.source}: an {spec.policy_type} autoscaler needs an emulated fleet's "
                                  f"model")
-        source = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True)
-        log = DecisionLog(out / "decisions.csv", [t.name for t in spec.triggers])
-        self.loop = AutoscalerLoop(spec, make_policy(spec, latency_model=model), source, self.fleet,
-                                   StateStore(out / "state"), log, self.telemetry)
+        url, window = self.prometheus.url, self.rate_window
+        self.loop = build_loop(spec, self.settings, lambda spec: self.fleet,
+                               lambda spec, target: PrometheusSource(url, window=window, override=True),
+                               model,
+                               where=str(cfg.source), state=StateStore(self.settings.state_dir),
+                               telemetry=self.telemetry)
         view = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True, aggregates="all")
         self.dashboard = Dashboard([self.loop], [view], title=cfg.name)
         self.started = time.time()

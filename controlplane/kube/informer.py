@@ -17,9 +17,9 @@ from kubernetes import client, watch
 
 from controlplane.kube.client import TIMEOUT, ApiException
 from controlplane.kube.kinds import Resource
+from controlplane.settings import RESYNC
 
 log = logging.getLogger("slopilot.kube")
-RESYNC = 300.0  # seconds between full lists
 WATCH_TIMEOUT = 60  # seconds the server keeps one watch open
 
 

@@ -24,9 +24,9 @@ from datetime import datetime, timezone
 from kubernetes import client
 
 from controlplane.kube.client import TIMEOUT, ApiException
+from controlplane.settings import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD
 
 log = logging.getLogger("slopilot.kube")
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 15.0, 10.0, 2.0
 
 
 def identity() -> str:

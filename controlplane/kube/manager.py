@@ -1,7 +1,7 @@
 """The Kubernetes controller: watches autoscaler resources and runs one KubeLoop per resource while
 it holds the lease.
 
-    ctl = KubeController(connect(), namespace=None, scaled_objects=False, prometheus=None)
+    ctl = KubeController(connect(), ControllerArgs(namespace=None, scaled_objects=False, prometheus=None))
     ctl.run(stop_event)
 
 InferenceAutoscalers are always ours. KEDA ScaledObjects are ours only when asked (`scaled_objects`,
@@ -13,30 +13,29 @@ drops its loops; the next leader loads each policy's state from the resources' s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from pathlib import Path
 
 from kubernetes import client
 
 from autoscaler.schema import GROUP, VERSION
-from autoscaler.spec import load_spec, make_policy
-from controlplane.assemble import source_for
+from autoscaler.spec import load_spec
+from controlplane.assemble import build_loop, source_for
 from controlplane.controller import Controller
-from controlplane.decision_log import DecisionLog
 from controlplane.kube import leader
 from controlplane.kube.events import EventRecorder, object_ref
-from controlplane.kube.informer import RESYNC, Informer
+from controlplane.kube.informer import Informer
 from controlplane.kube.kinds import Resolver, Resource, target_ref
 from controlplane.kube.loop import KubeLoop
 from controlplane.kube.ownership import owner_conflict
 from controlplane.kube.pods import PodEndpoints
 from controlplane.kube.scale import KubeScaleTarget
 from controlplane.kube.status import StatusWriter, blocked_conditions, merge_conditions, now_rfc3339
+from controlplane.settings import ControllerArgs
 from controlplane.sources import ScrapeSource
 from controlplane.sources.prometheus import raw_triggers
-from controlplane.specs import Loaded
 from controlplane.telemetry import Telemetry
 
 log = logging.getLogger("slopilot.kube")
@@ -44,32 +43,27 @@ INFERENCE_AUTOSCALERS = Resource(GROUP, VERSION, "inferenceautoscalers", "Infere
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 MANAGED_ANNOTATION = "slopilot.dev/managed"
-LEASE_NAME = "slopilot-controller"
 RETRY_INVALID = 30.0  # seconds before a resource that could not be set up is tried again
 
 
 class KubeController:
-    def __init__(self, api_client: client.ApiClient, *, namespace: str | None = None,
-                 scaled_objects: bool = False, prometheus: str | None = None, engine: str = "auto",
-                 timeout: float = 5.0, latency_model=None, telemetry: Telemetry | None = None,
-                 workers: int = 5,
-                 leader_election: bool = True, lease_namespace: str = "default", lease_name: str = LEASE_NAME,
-                 lease_duration: float = leader.LEASE_DURATION, renew_deadline: float = leader.RENEW_DEADLINE,
-                 retry_period: float = leader.RETRY_PERIOD, identity: str | None = None,
-                 scrape_interval: float = 15.0, resync: float = RESYNC, decision_log: str | None = None):
+    """settings: a ControllerArgs; keywords (namespace=..., leader_election=...) override its fields."""
+
+    def __init__(self, api_client: client.ApiClient, settings: ControllerArgs | None = None, *,
+                 latency_model=None, telemetry: Telemetry | None = None, **overrides):
+        s = self.settings = dataclasses.replace(settings or ControllerArgs(), **overrides)
         self.custom, self.core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-        self.namespace, self.scaled_objects, self.prometheus = namespace, scaled_objects, prometheus
-        self.engine, self.timeout, self.latency_model = engine, timeout, latency_model
-        self.telemetry, self.workers = telemetry, workers
-        self.scrape_interval, self.decision_log = scrape_interval, decision_log
-        self.identity = identity or leader.identity()
-        self.elector = leader.LeaderElector(client.CoordinationV1Api(api_client), lease_namespace, lease_name,
-                                            self.identity, lease_duration, renew_deadline, retry_period) \
-            if leader_election else None
+        self.namespace, self.scaled_objects, self.prometheus = s.namespace, s.scaled_objects, s.prometheus
+        self.latency_model, self.telemetry = latency_model, telemetry
+        self.identity = s.identity or leader.identity()
+        self.elector = leader.LeaderElector(client.CoordinationV1Api(api_client),
+                                            s.lease_namespace or "default", s.lease_name, self.identity,
+                                            s.lease_duration, s.renew_deadline, s.retry_period) \
+            if s.leader_election else None
         self.recorder = EventRecorder(self.core, self.identity, self.is_leader)
         self.resolver = Resolver(api_client)
         self.wake = threading.Event()
-        self.informers = {r.kind: Informer(self.custom, r, namespace, self.wake.set, resync)
+        self.informers = {r.kind: Informer(self.custom, r, s.namespace, self.wake.set, s.resync)
                           for r in (INFERENCE_AUTOSCALERS, SCALED_OBJECTS, HPAS)}
         self.writers = {r.kind: StatusWriter(self.custom, r, self.is_leader)
                         for r in (INFERENCE_AUTOSCALERS, SCALED_OBJECTS)}
@@ -137,7 +131,7 @@ class KubeController:
 
     def _start_loops(self) -> None:
         log.info("%s: leading: starting the autoscaler loops", self.identity)
-        self.controller = Controller([], workers=self.workers)
+        self.controller = Controller([], workers=self.settings.workers)
         self._ctl_stop = threading.Event()
         self._ctl_thread = threading.Thread(target=self.controller.run, args=(self._ctl_stop,), name="loops",
                                             daemon=True)
@@ -191,21 +185,21 @@ class KubeController:
         spec = load_spec({"apiVersion": obj.get("apiVersion"), "kind": kind,
                           "metadata": {"name": meta["name"], "namespace": ns}, "spec": obj.get("spec")},
                          f"{kind} {ns}/{name}")
-        if spec.needs_latency_model and self.latency_model is None:
-            raise ValueError(f"an {spec.policy_type} policy needs the engines' step-time model: start the "
-                             "controller with --latency-model")
-        policy = make_policy(spec, latency_model=self.latency_model)
-        api_version, target_kind, target_name = target_ref(obj)
-        res = self.resolver.resolve(api_version, target_kind)
-        target = KubeScaleTarget(self.custom, res, ns, target_name, may_write=self.is_leader)
-        source = self.source(spec, ns, target, meta.get("annotations") or {})
-        log_file = None
-        if self.decision_log:
-            log_file = DecisionLog(Path(self.decision_log.format(name=f"{ns}.{name}")),
-                                   [t.name for t in spec.triggers])
         informer = self.informers[kind]
-        loop = KubeLoop(obj, spec, policy, source, target, self.writers[kind], self.recorder,
-                        lambda: informer.get(ns, name), self.conflict_of, self.telemetry, log_file)
+
+        def target_for(spec) -> KubeScaleTarget:
+            api_version, target_kind, target_name = target_ref(obj)
+            res = self.resolver.resolve(api_version, target_kind)
+            return KubeScaleTarget(self.custom, res, ns, target_name, may_write=self.is_leader)
+
+        def make(policy, source, target, log_file) -> KubeLoop:
+            return KubeLoop(obj, spec, policy, source, target, self.writers[kind], self.recorder,
+                            lambda: informer.get(ns, name), self.conflict_of, self.telemetry, log_file)
+
+        loop = build_loop(spec, self.settings, target_for,
+                          lambda spec, target: self.source(spec, ns, target, meta.get("annotations") or {}),
+                          self.latency_model, where=f"{kind} {ns}/{name}", log_name=f"{ns}.{name}", make=make)
+        policy = loop.policy
         if old is not None and old.spec.policy_type == spec.policy_type:
             try:  # a changed spec keeps what the policy remembers
                 policy.load_state_dict(old.policy.state_dict())
@@ -219,10 +213,11 @@ class KubeController:
         if address:
             if any((raw or {}).get("authenticationRef") for raw in raw_triggers(spec).values()):
                 raise ValueError("triggers with authenticationRef are not read in Kubernetes mode yet")
-            return source_for(spec, Loaded(), self.prometheus, None, self.engine, self.timeout)
+            return source_for(spec, dataclasses.replace(self.settings, scrape=None))
+        s = self.settings
         pods = PodEndpoints(self.core, namespace, lambda: target.selector, annotations)
-        source = ScrapeSource(pods, engine=self.engine, timeout=self.timeout)
-        source.start(self.scrape_interval)
+        source = ScrapeSource(pods, engine=s.engine, timeout=s.timeout, window=s.window)
+        source.start(s.scrape_interval)
         return source
 
     def _invalid(self, key, obj: dict, generation: int, exc: Exception) -> None:

@@ -19,16 +19,12 @@ HELP = "run autoscaler specs live against engines' metrics (Prometheus or a dire
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from controlplane.settings import add_cli_args, add_kube_cli_args
+
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("--spec", action="append", metavar="FILE_OR_DIR",
                    help="ScaledObject / InferenceAutoscaler YAML (multi-document files, folders); repeatable")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus server for every trigger and aggregate")
-    src.add_argument("--scrape", action="append", metavar="URL",
-                     help="scrape these engine /metrics endpoints directly instead of asking Prometheus")
-    p.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang", "slopilot"],
-                   help="metric names the engines export")
-    p.add_argument("--latency-model", metavar="NAME_OR_JSON", help="step-time model for sloModel policies")
+    add_cli_args(p)  # where metrics come from, the state and decision log, workers, timeouts
     tgt = p.add_mutually_exclusive_group()
     tgt.add_argument("--scale-command", metavar="CMD",
                      help="run CMD to scale, with {name}, {target} and {replicas} substituted")
@@ -37,34 +33,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--initial-replicas", type=int, default=None,
                    help="replicas the target holds at start (default: the count saved in --state-dir, "
                         "else the spec's minimum)")
-    p.add_argument("--state-dir", help="save each policy's state here after every decision, resume from it")
-    p.add_argument("--decision-log", metavar="FILE",
-                   help="append a replayable CSV row per reconcile ({name} in the path for several specs)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the controller's /metrics, /healthz and /readyz on this port (0: a free one)")
-    p.add_argument("--workers", type=int, default=5, help="reconciles that may run at once")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each metric query")
     p.add_argument("--once", action="store_true", help="one reconcile per autoscaler, then exit")
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
     k = p.add_argument_group("Kubernetes (--kube)")
     k.add_argument("--kube", action="store_true",
                    help="watch InferenceAutoscaler resources and scale targets through the scale subresource "
                         "(in-cluster credentials, else KUBECONFIG / --kubeconfig)")
-    k.add_argument("--namespace", metavar="NS", help="only this namespace's autoscalers (none: every one)")
     k.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig to use instead of the in-cluster credentials")
-    k.add_argument("--scaled-objects", action="store_true",
-                   help="also run every KEDA ScaledObject (only without KEDA; one ScaledObject opts in with "
-                        "the annotation slopilot.dev/managed: \"true\")")
-    k.add_argument("--lease-namespace", metavar="NS",
-                   help="namespace of the leader-election Lease (none: the pod's own namespace)")
-    k.add_argument("--lease-name", default="slopilot-controller", help="name of the leader-election Lease")
-    k.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease")
-    k.add_argument("--lease-duration", type=float, default=15.0, help=argparse.SUPPRESS)
-    k.add_argument("--renew-deadline", type=float, default=10.0, help=argparse.SUPPRESS)
-    k.add_argument("--retry-period", type=float, default=2.0, help=argparse.SUPPRESS)
-    k.add_argument("--scrape-interval", type=float, default=15.0,
-                   help="seconds between scrapes of the target's pods (when no Prometheus is used)")
+    add_kube_cli_args(k)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -75,31 +54,26 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from controlplane import specs
-    from controlplane.assemble import build_loops, source_for
+    from controlplane.assemble import build_loop, source_for
     from controlplane.controller import Controller
     from controlplane.logs import setup_logging
+    from controlplane.settings import from_cli
     from controlplane.state import StateStore
     from controlplane.targets import MemoryTarget
     from controlplane.targets.command import CommandTarget
     from controlplane.telemetry import Telemetry
 
     log = setup_logging(args.log_level, args.json_logs)
-    if args.workers < 1:
-        raise ValueError("--workers must be >= 1")
+    settings = from_cli(args)
     if args.kube:
-        return run_kube(args, log)
+        return run_kube(args, settings, log)
     if not args.spec:
         raise ValueError("give --spec FILE_OR_DIR (the autoscalers to run), or --kube to watch a cluster's")
     loaded = specs.load(args.spec)
     for w in loaded.warnings:
         log.warning(w)
-    model = None
-    if args.latency_model:
-        from simulator.latency import load_latency_model
-
-        model = load_latency_model(args.latency_model)
-
-    saved = StateStore(args.state_dir) if args.state_dir else None
+    model = settings.load_latency_model()
+    saved = StateStore(settings.state_dir) if settings.state_dir else None
 
     def target_for(spec):
         start = spec.min_replicas if args.initial_replicas is None else args.initial_replicas
@@ -111,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
         return MemoryTarget(start, name=spec.name)
 
     telemetry = Telemetry()
-    def source(spec):
-        return source_for(spec, loaded, args.prometheus, args.scrape, args.engine, args.timeout)
+    def source(spec, _target):
+        return source_for(spec, settings, loaded)
 
-    loops = build_loops(loaded, target_for, source, model, args.state_dir, args.decision_log, telemetry)
+    several = len(loaded.specs) > 1
+    loops = [build_loop(spec, settings, target_for, source, model, where=str(path), several=several,
+                        state=saved, telemetry=telemetry) for spec, path in loaded.specs]
     if args.once:
         for lp in loops:
             step = lp.tick(time.time())
@@ -129,13 +105,14 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     names = ", ".join(f"{lp.name} every {lp.interval:g}s" for lp in loops)
     print(f"controlling {len(loops)} autoscaler(s): {names}", file=sys.stderr, flush=True)
-    Controller(loops, workers=args.workers, telemetry=telemetry).run(stop)
+    Controller(loops, workers=settings.workers, telemetry=telemetry).run(stop)
     telemetry.stop()
     log.info("stopped")
     return 0
 
 
-def run_kube(args: argparse.Namespace, log) -> int:
+def run_kube(args: argparse.Namespace, settings, log) -> int:
+    import dataclasses
     import signal
     import threading
 
@@ -149,22 +126,10 @@ def run_kube(args: argparse.Namespace, log) -> int:
         if value:
             raise ValueError(f"{flag} does not go with --kube: the cluster holds the autoscalers, their "
                              f"targets and their state")
-    model = None
-    if args.latency_model:
-        from simulator.latency import load_latency_model
-
-        model = load_latency_model(args.latency_model)
+    settings = dataclasses.replace(settings, lease_namespace=settings.lease_namespace or own_namespace())
     telemetry = Telemetry()
-    ctl = KubeController(connect(args.kubeconfig), namespace=args.namespace,
-                         scaled_objects=args.scaled_objects,
-                         prometheus=args.prometheus, engine=args.engine, timeout=args.timeout,
-                         latency_model=model,
-                         telemetry=telemetry, workers=args.workers,
-                         leader_election=not args.no_leader_election,
-                         lease_namespace=args.lease_namespace or own_namespace(), lease_name=args.lease_name,
-                         lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-                         retry_period=args.retry_period, scrape_interval=args.scrape_interval,
-                         decision_log=args.decision_log)
+    ctl = KubeController(connect(args.kubeconfig), settings, latency_model=settings.load_latency_model(),
+                         telemetry=telemetry)
     if args.metrics_port is not None:
         port = telemetry.serve(args.metrics_port)
         log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)

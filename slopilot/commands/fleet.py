@@ -14,6 +14,8 @@ HELP = "run a local fleet of engines with Prometheus and the controller (fleet u
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from controlplane.settings import ControllerArgs
+
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = sub.add_parser("up", help="start the fleet, Prometheus, the controller and the load",
@@ -23,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--duration", type=float, default=None,
                     help="seconds to run (default: until the built-in load ends, or Ctrl-C without one)")
     up.add_argument("--no-load", action="store_true", help="do not send the FLEET.yaml's built-in load")
-    up.add_argument("--rate-window", type=float, default=60.0, help="seconds of the rates the policy reads")
+    up.add_argument("--rate-window", type=float, default=ControllerArgs.window,
+                    help="seconds of the rates the policy reads")
     up.add_argument("--no-dashboard", action="store_true", help="print one line per scale instead")
 
 
