@@ -73,7 +73,8 @@ class LocalRun:
         self.fleet.start()
         sd_file = self.fleet.file_sd_path
         if cfg.router is not None:  # in front of the ready replicas; Prometheus scrapes it too
-            self.router = RouterServer(build_router_app(cfg.router, self.fleet.endpoints, pool_name=cfg.name))
+            self.router = RouterServer(build_router_app(cfg.router, self.fleet.endpoints, pool_name=cfg.name,
+                                                        state_dir=str(out / "router")))  # its Batch API
             self.router.start()
             sd_file = out / "prometheus_targets.json"
             self._merge_targets(sd_file)

@@ -103,3 +103,32 @@ def test_a_line_is_answered_once_and_survives_a_reopen(tmp_path):
     out = [json.loads(s) for s in store.file_content(done["output_file_id"]).decode().splitlines()]
     assert [o["custom_id"] for o in out] == [f"c{i}" for i in range(5)]
     assert store.get_file(done["output_file_id"])["purpose"] == "batch_output"
+
+
+def test_backlog_and_deadline_metrics():
+    from prometheus_client import CollectorRegistry
+
+    from controlplane.batch.metrics import BatchMetrics
+
+    store, now = Store(), [1000.0]
+    reg = CollectorRegistry()
+    metrics = BatchMetrics(reg, store, clock=lambda: now[0])
+    for name, deadline, n in (("early", 1100.0, 30), ("late", 1300.0, 10)):
+        doc = {**new_batch("f", "/v1/completions", "1h", 0, None, 0), "id": name, "status": "in_progress",
+               "expires_at": deadline}
+        store.add_batch(doc)
+        store.replace_lines(name, [(i, f"c{i}", "/v1/completions", "{}", PENDING, None, 5, 7, deadline)
+                                   for i in range(n)], lambda d: None)
+    assert reg.get_sample_value("slopilot_batch_backlog_requests") == 40
+    assert reg.get_sample_value("slopilot_batch_backlog_tokens", {"kind": "prompt"}) == 200
+    assert reg.get_sample_value("slopilot_batch_backlog_tokens", {"kind": "max_output"}) == 280
+    assert reg.get_sample_value("slopilot_batch_earliest_deadline_seconds") == 100
+    assert reg.get_sample_value("slopilot_batch_deadline_slack_seconds") is None  # no rate yet
+    metrics.answered([("early", 0, COMPLETED, "{}", ("m", 3, 4))] * 5)  # 5 lines answered now...
+    now[0] += 10  # ...and none in the next 10 s: 0.5 lines/s
+    # early: 100 - 10 - 30 / 0.5 = 30 s to spare; late (after early's 30): 300 - 10 - 40 / 0.5 = 210
+    assert reg.get_sample_value("slopilot_batch_deadline_slack_seconds") == 30
+    assert reg.get_sample_value("slopilot_batch_at_risk_batches") == 0
+    now[0] += 50  # early: 40 s left, 60 s of work at 5 lines a minute (0.0833/s): at risk
+    assert reg.get_sample_value("slopilot_batch_at_risk_batches") == 2
+    assert reg.get_sample_value("batch_request_generation_tokens_total", {"model": "m"}) == 20
