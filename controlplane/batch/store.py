@@ -10,7 +10,7 @@ files are written in the same transaction that makes it `completed` (or `expired
 process killed at any point leaves each line either pending (sent again after restart) or answered
 once. WAL with synchronous=NORMAL survives a killed process (SIGKILL); `durable=True` (synchronous=
 FULL) also survives a power loss, at an fsync per commit. One connection, shared under a lock: the
-event loop uses it for short reads and writes, worker threads for the long ones.
+event loop uses it for short reads and writes, worker threads for the long ones, in chunks.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS lines (
 CREATE INDEX IF NOT EXISTS lines_pending ON lines (state, deadline, batch_id, line);
 """
 FILE_COLUMNS = "id, purpose, filename, bytes, created_at"
+CHUNK = 2000  # lines a transaction or read when a whole batch is written or read (the lock is short)
 
 
 class Store:
@@ -146,12 +147,18 @@ class Store:
     # -- lines -----------------------------------------------------------------------------------
     def replace_lines(self, batch_id: str, rows: Iterable[tuple], fn) -> dict | None:
         """The batch's lines (line, custom_id, url, body, state, result, prompt_tokens, max_tokens, deadline),
-        instead of any it had, and fn(doc) applied to its object, in one transaction."""
+        instead of any it had, then fn(doc) applied to its object in the last transaction. Written in
+        chunks, each its own transaction, so the event loop never waits long for the lock; a batch is
+        read (and resumed) by its status, which only the last one changes."""
+        rows = list(rows)
         with self.tx() as c:
             c.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
-            c.executemany("INSERT INTO lines (batch_id, line, custom_id, url, body, state, result, "
-                          "prompt_tokens, max_tokens, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                          ((batch_id, *r) for r in rows))
+        for at in range(0, len(rows), CHUNK):
+            with self.tx() as c:
+                c.executemany("INSERT INTO lines (batch_id, line, custom_id, url, body, state, result, "
+                              "prompt_tokens, max_tokens, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              ((batch_id, *r) for r in rows[at:at + CHUNK]))
+        with self.tx() as c:
             return self.update_batch(batch_id, fn, c)
 
     def next_pending(self, limit: int) -> list[tuple]:
@@ -197,10 +204,16 @@ class Store:
                                (batch_id,)))
 
     def results(self, batch_id: str, states: tuple[int, ...]) -> Iterator[str]:
+        """The output lines of the batch's lines in these states, in input order (read in chunks)."""
         marks = ", ".join("?" * len(states))
-        for (result,) in self._read(f"SELECT result FROM lines WHERE batch_id = ? AND state IN ({marks}) "
-                                    "ORDER BY line", (batch_id, *states)):
-            yield result
+        last = -1
+        while True:
+            rows = self._read(f"SELECT line, result FROM lines WHERE batch_id = ? AND line > ? AND state IN "
+                              f"({marks}) ORDER BY line LIMIT ?", (batch_id, last, *states, CHUNK))
+            yield from (r for _, r in rows)
+            if len(rows) < CHUNK:
+                return
+            last = rows[-1][0]
 
     def backlog(self) -> list[tuple[str, float, int, int, int]]:
         """Per running batch with pending lines: (batch_id, deadline, lines, prompt tokens, max tokens)."""
