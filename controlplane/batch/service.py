@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from pathlib import Path
 
 from controlplane.batch.batches_api import BatchesApi
@@ -36,7 +37,11 @@ class BatchService:
     def __init__(self, st, state_dir: str | Path | None = None, max_inflight: int = 64,
                  max_file_bytes: int = MAX_BODY_BYTES, max_file_lines: int = MAX_LINES):
         """st: the router's state (gate, metrics, reader, upstream, keys)."""
-        self.store = Store(Path(state_dir) / DB_NAME if state_dir else None)
+        try:
+            self.store = Store(Path(state_dir) / DB_NAME if state_dir else None)
+        except (OSError, sqlite3.Error) as exc:
+            raise ValueError(f"state dir {state_dir}: cannot keep the Batch API's store there ({exc})") \
+                from None
         if state_dir is None:
             log.warning("the Batch API keeps its files and batches in memory (no state dir): a restart "
                         "loses them")
