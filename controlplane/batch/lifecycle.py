@@ -13,7 +13,7 @@ import time
 import uuid
 
 from controlplane.batch.lines import error_line, split
-from controlplane.batch.store import CANCELLED, COMPLETED, EXPIRED, FAILED, PENDING, Store
+from controlplane.batch.store import CANCELLED, CHUNK, COMPLETED, EXPIRED, FAILED, PENDING, Store
 from controlplane.router.prompt import PromptReader
 
 CLOSED = {EXPIRED: ("expired", "batch_expired", "This request could not be executed before the completion "
@@ -49,14 +49,25 @@ def validate(store: Store, doc: dict, reader: PromptReader) -> dict | None:
 
 
 def close(store: Store, batch_id: str, state: int) -> int:
-    """Every pending line answered as expired or cancelled; how many."""
+    """Every pending line answered as expired or cancelled, a chunk a transaction; how many."""
     _, code, message = CLOSED[state]
-    with store.tx() as c:
-        n = store.close_pending(batch_id, state, lambda cid: error_line(cid, code, message), c)
+    total = 0
+    while True:
+        with store.tx() as c:
+            n = store.close_pending(batch_id, state, lambda cid: error_line(cid, code, message), c)
 
-        def count(d: dict) -> None:
-            d["request_counts"]["failed"] += n
-        store.update_batch(batch_id, count, c)
+            def count(d: dict) -> None:
+                d["request_counts"]["failed"] += n
+            if n:
+                store.update_batch(batch_id, count, c)
+        total += n
+        if n < CHUNK:
+            return total
+
+
+def close_and_finalize(store: Store, batch_id: str, state: int) -> int:
+    n = close(store, batch_id, state)
+    finalize(store, batch_id, CLOSED[state][0])
     return n
 
 

@@ -123,19 +123,22 @@ class BatchRunner:
                 line.task.cancel()
         if out:
             return
-        n = lifecycle.close(self.store, bid, state)
-        self.metrics.outcome(CANCELLED if state == CANCELLED else EXPIRED, n)
-        del self.closing[bid]
-        self._job(bid, lifecycle.finalize, self.store, bid, lifecycle.CLOSED[state][0])
+
+        def closed(n: int) -> None:
+            self.metrics.outcome(state, n)
+            self.closing.pop(bid, None)
+        self._job(bid, lifecycle.close_and_finalize, self.store, bid, state, after=closed)
 
     def _out(self, bid: str) -> list[Line]:
         return [line for (b, _), line in self.inflight.items() if b == bid]
 
-    def _job(self, bid: str, fn, *args) -> None:
-        """fn(*args) in a worker thread, the batch marked busy meanwhile."""
+    def _job(self, bid: str, fn, *args, after=None) -> None:
+        """fn(*args) in a worker thread, the batch marked busy meanwhile; then after(its result)."""
         async def job():
             try:
-                await asyncio.to_thread(fn, *args)
+                result = await asyncio.to_thread(fn, *args)
+                if after is not None:
+                    after(result)
             except Exception:
                 log.exception("batch %s: %s failed (retried)", bid, fn.__name__)
                 await asyncio.sleep(1.0)

@@ -191,10 +191,11 @@ class Store:
                 (r[2], r[3], r[0], r[1])).rowcount]
             written(c, done)
 
-    def close_pending(self, batch_id: str, state: int, result, c: sqlite3.Connection) -> int:
-        """Every pending line of the batch answered with `state` and result(custom_id); the count."""
-        rows = c.execute("SELECT line, custom_id FROM lines WHERE batch_id = ? AND state = 0",
-                         (batch_id,)).fetchall()
+    def close_pending(self, batch_id: str, state: int, result, c: sqlite3.Connection,
+                      limit: int = CHUNK) -> int:
+        """Up to `limit` pending lines of the batch answered with `state` and result(custom_id); how many."""
+        rows = c.execute("SELECT line, custom_id FROM lines WHERE batch_id = ? AND state = 0 LIMIT ?",
+                         (batch_id, limit)).fetchall()
         c.executemany("UPDATE lines SET state = ?, result = ? WHERE batch_id = ? AND line = ?",
                       [(state, result(cid), batch_id, line) for line, cid in rows])
         return len(rows)
