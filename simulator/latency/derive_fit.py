@@ -24,7 +24,7 @@ from scipy.optimize import least_squares
 
 from simulator.latency.catalog import get_arch, get_gpu
 from simulator.latency.convert import DISTSERVE_COLUMNS, SPLITWISE_COLUMNS, distserve_rows, splitwise_rows
-from simulator.latency.derive import EFFICIENCY_FILE, KNOBS, PLAIN, step_params
+from simulator.latency.derive import EFFICIENCY_FILE, KNOBS, PLAIN, memory, step_params
 from simulator.latency.fit import ape_table
 from simulator.latency.model import coeffs_array
 from simulator.latency.profile import Profile, parse_rows
@@ -62,7 +62,7 @@ class Group:
     profile: Profile
     shape: dict  # median rows' step shape
     y: np.ndarray  # median rows' ms
-    dropped: int = 0  # median rows faster than the plain roofline allows
+    dropped: int = 0  # median rows faster than the plain roofline allows or beyond the KV cache
 
     @property
     def key(self) -> str:
@@ -100,6 +100,10 @@ def measured_groups(data: Path) -> tuple[list[Group], dict[str, str]]:
             # failed measurement, not a speed: Splitwise's 64 x 512-token prefill at TP 2 (~0.8 s
             # for what needs 1.8 s of A100 peak compute) is one
             ok = g.y >= predict(g, PLAIN)
+            # DistServe's rows are its fitted formulas on a grid: a shape whose KV cache cannot fit in
+            # the GPUs' memory (256 sequences of 2,048 tokens of OPT-66B on 2 A100s) was never measured
+            mem = memory(get_arch(g.model), get_gpu(g.gpu), g.tp, "fp16", "fp16")
+            ok &= np.maximum(g.shape["decode_context"], g.shape["prefill_context"]) <= mem.kv_blocks * 16
             g.dropped = int((~ok).sum())
             g.shape, g.y = {k: v[ok] for k, v in g.shape.items()}, g.y[ok]
             groups.append(g)
