@@ -7,6 +7,9 @@ LLM and the model code are imported lazily, on first use.
 from __future__ import annotations
 
 from engine.core.sampling_params import SamplingParams
+from engine.threads import configure_openmp
+
+configure_openmp()  # before anything loads torch: OpenMP reads its settings once, at load
 
 __all__ = ["LLM", "SamplingParams", "native_available"]
 

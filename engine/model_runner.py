@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from engine.core.sequence import Sequence
 from engine.model import build_model, load_tokenizer, resolve_config
 from engine.model.config import PRESETS
 from engine.sampler import sample
+from engine.threads import spinning_openmp
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -45,9 +49,17 @@ class ModelRunner:
         self.backend = get_backend(attention_backend, self.device, self.dtype)
         c = self.config
         shape = (num_kv_blocks, block_size, c.num_kv_heads, c.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        # a slot is read only after it is written (the backends mask the rest), so the CPU pool is
+        # left unfilled: its pages are touched as requests use them, not all at start-up (zeroing
+        # the 80M model's default float32 pool, 6.4 GB, took 5-25 s)
+        alloc = torch.empty if self.device.type == "cpu" else torch.zeros
+        self.kv_caches = [(alloc(shape, dtype=self.dtype, device=self.device),
+                           alloc(shape, dtype=self.dtype, device=self.device))
                           for _ in range(c.num_layers)]
+        if self.device.type == "cpu" and torch.get_num_threads() > 1 and spinning_openmp():
+            log.warning("OpenMP workers spin while idle (torch was imported before engine, with no "
+                        "OMP_WAIT_POLICY): on a CPU shared with other processes the engine can run "
+                        "several times slower; set OMP_WAIT_POLICY=PASSIVE before starting Python")
         self._seed_rng = random.Random(seed)  # seeds for requests that bring none
         self._generators: dict[str, torch.Generator] = {}
 

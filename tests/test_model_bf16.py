@@ -71,7 +71,7 @@ def test_build_picks_upcast_only_for_bf16_on_cpus_without_it(model_dir, monkeypa
     monkeypatch.setattr(bf16, "native_bf16_matmul", lambda: False)
     r = ModelRunner(str(model_dir), num_kv_blocks=8, dtype="bfloat16")
     assert all(m.upcast for m in r.model.modules() if isinstance(m, Linear))
-    assert sum(isinstance(m, Linear) for m in r.model.modules()) == 2 * 7 + 1  # 2 layers + lm_head
+    assert sum(isinstance(m, Linear) for m in r.model.modules()) == 2 * 4 + 1  # qkv, o, gate_up, down
     r = ModelRunner(str(model_dir), num_kv_blocks=8, dtype="float32")
     assert not any(m.upcast for m in r.model.modules() if isinstance(m, Linear))
     monkeypatch.setattr(bf16, "native_bf16_matmul", lambda: True)

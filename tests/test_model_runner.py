@@ -55,9 +55,9 @@ def test_runner_attributes(runner):
 
 
 def test_preset_weights_follow_the_seed():
-    a = ModelRunner("tiny", num_kv_blocks=4, seed=1).model.state_dict()
-    b = ModelRunner("tiny", num_kv_blocks=4, seed=1).model.state_dict()
-    c = ModelRunner("tiny", num_kv_blocks=4, seed=2).model.state_dict()
+    a = ModelRunner("tiny", num_kv_blocks=4, seed=1).model.checkpoint_parameters()
+    b = ModelRunner("tiny", num_kv_blocks=4, seed=1).model.checkpoint_parameters()
+    c = ModelRunner("tiny", num_kv_blocks=4, seed=2).model.checkpoint_parameters()
     w = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(a[w], b[w]) and not torch.equal(a[w], c[w])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model.bf16 import set_upcast, upcast_wanted
+from engine.model.bf16 import pack_linears, packing_available, set_upcast, upcast_wanted
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 
@@ -52,7 +52,7 @@ def _empty_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
 def load_weights(model: LlamaForCausalLM, path: str | Path) -> None:
     from safetensors import safe_open
 
-    params = dict(model.named_parameters())  # tied lm_head.weight is listed once, as embed_tokens
+    params = model.checkpoint_parameters()  # q/k/v and gate/up: row slices of the fused parameters
     files = checkpoint_files(path)
     by_file: dict[Path, list[str]] = {}
     for name, file in files.items():
@@ -85,7 +85,7 @@ def init_random(model: LlamaForCausalLM, seed: int) -> None:
     device = next(model.parameters()).device
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in model.checkpoint_parameters().items():  # transformers' order and shapes
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
@@ -109,4 +109,6 @@ def build_model(cfg: ModelConfig, path: str | Path | None, device: torch.device 
         load_weights(model, path)
     model.init_rope(device)
     set_upcast(model, upcast)
+    if not upcast and packing_available(dtype, device):
+        pack_linears(model)
     return model.eval()
