@@ -53,7 +53,9 @@ SCENARIO_MEANINGS = {
     "workload.output_tokens": "as prompt_tokens",
     "workload.lengths_from": "take (prompt, output) pairs from a trace instead",
     "pools": "groups of identical replicas (one model, one engine configuration)",
-    "pools[].latency_model": "a shipped model's name or a path to `slopilot calibrate`'s JSON",
+    "pools[].latency_model": "a shipped model's name, a path to `slopilot calibrate`'s JSON, a derived "
+                             "model's name (CONFIG@GPU-tpN-DTYPE) or {config, gpu, tp, dtype, kv_dtype} to "
+                             "derive (docs/latency_models.md)",
     "pools[].replicas": "replicas at the start (and the whole run without an autoscaler)",
     "pools[].kv_blocks": "KV-cache blocks a replica (or give kv_memory)",
     "pools[].kv_memory": "derive the KV blocks from GPU memory, weights and KV bytes a token",
