@@ -2,9 +2,10 @@
 
 A replica is anything with the attributes of ReplicaView (the simulator's replicas, or the live
 router's records of scraped metrics). `Router.pick` returns the index of the chosen replica in the
-list it was given. The weighted policy follows llm-d's endpoint picker: filter (drop saturated
-endpoints unless all are), score (each scorer in [0, 1], simulator.scorers), pick the best weighted
-sum, ties broken in turn or at random (seeded).
+list it was given, chosen by the registered picker its policy names (simulator.pickers). The weighted
+policy follows llm-d's endpoint picker: filter (drop saturated endpoints unless all are), score (each
+scorer in [0, 1], simulator.scorers), pick the best weighted sum, ties broken in turn or at random
+(seeded).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
+from simulator.pickers import PICKERS
 from simulator.prefix import PrefixIndex, prefix_hashes, text_hashes
-from simulator.scorers import SCORERS, ReplicaView, below_thresholds, minmax_score, routable
+from simulator.scorers import SCORER_PLUGINS, SCORERS, ReplicaView, minmax_score, routable
 
 __all__ = ["SCORERS", "PrefixIndex", "ReplicaView", "Router", "minmax_score", "prefix_hashes", "routable",
            "text_hashes"]
@@ -48,9 +50,18 @@ class Router:
         self.queue_threshold = queue_threshold
         self.load_slack, self.load_margin = load_slack, load_margin
         self.ties = ties
-        self.uses_prefix = policy == "prefix_affinity" or self.weights.get("prefix", 0) > 0
+        if policy not in PICKERS:
+            raise ValueError(f"unknown router policy {policy!r} (registered: {', '.join(PICKERS)})")
+        unknown = sorted(set(self.weights) - set(SCORER_PLUGINS))
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {', '.join(unknown)} "
+                             f"(registered: {', '.join(SCORER_PLUGINS)})")
+        self._picker = PICKERS[policy].fn
+        scorers = [SCORER_PLUGINS[name] for name, w in self.weights.items() if w]
+        self.uses_prefix = PICKERS[policy].uses_prefix or any(s.uses_prefix for s in scorers)
         self.index = PrefixIndex(prefix_lru_blocks) if self.uses_prefix else None
-        self.sessions: OrderedDict[str, int] | None = OrderedDict() if self.weights.get("session") else None
+        uses_session = any(s.uses_session for s in scorers)
+        self.sessions: OrderedDict[str, int] | None = OrderedDict() if uses_session else None
         self._turn = 0
 
     def _tie(self, candidates: list[int]) -> int:
@@ -81,24 +92,7 @@ class Router:
             raise ValueError("no replica to route to")
         if hashes is None:
             hashes = prefix_hashes(token_ids, self.block_tokens) if self.uses_prefix and token_ids else []
-        p = self.policy
-        if p == "round_robin":
-            i = self._turn % len(replicas)
-            self._turn += 1
-        elif p == "random":
-            i = int(self.rng.integers(len(replicas)))
-        elif p == "least_outstanding":
-            i = self._argmin([r.outstanding for r in replicas])
-        elif p == "least_waiting":
-            i = self._argmin([r.num_waiting * 1_000_000 + r.outstanding for r in replicas])
-        elif p == "kv_aware":
-            i = self._argmin([r.kv_usage for r in replicas])
-        elif p == "prefix_affinity":
-            i = self._prefix_pick(replicas, hashes)
-        elif p == "weighted":
-            i = self._weighted_pick(replicas, hashes, session)
-        else:
-            raise ValueError(f"unknown router policy {p!r}")
+        i = self._picker(self, replicas, hashes, session)  # simulator.pickers
         if self.index is not None and hashes:
             self.index.record(replicas[i].id, hashes)
         if self.sessions is not None and session is not None:
@@ -107,36 +101,6 @@ class Router:
             if len(self.sessions) > MAX_SESSIONS:
                 self.sessions.popitem(last=False)
         return i
-
-    def _prefix_pick(self, replicas: list[ReplicaView], hashes: list[int]) -> int:
-        # longest cached prefix wins among replicas not much busier than the least loaded one
-        # (bounded load: a prefix every request shares, like a system prompt, must not pin them all)
-        loads = [r.outstanding for r in replicas]
-        bound = min(loads) * self.load_slack + self.load_margin
-        if hashes:
-            cands = [i for i, v in enumerate(loads) if v <= bound]
-            matches = [self.index.match(replicas[i].id, hashes) for i in cands]
-            best = max(matches)
-            if best > 0:
-                cands = [c for c, m in zip(cands, matches) if m == best]
-                low = min(loads[c] for c in cands)
-                return self._tie([c for c in cands if loads[c] == low])
-        return self._argmin(loads)
-
-    def _weighted_pick(self, replicas: list[ReplicaView], hashes: list[int], session: str | None) -> int:
-        keep = below_thresholds(replicas, self.kv_threshold, self.queue_threshold)
-        cand_idx = keep or list(range(len(replicas)))
-        cands = [replicas[i] for i in cand_idx]
-        ctx = {"match": lambda r: self.index.match(r.id, hashes) / len(hashes) if hashes else 0.0}
-        if self.sessions is not None and session is not None:
-            ctx["session"] = self.sessions.get(session)
-        total = [0.0] * len(cands)
-        for name, w in self.weights.items():
-            if w:
-                for j, s in enumerate(SCORERS[name](cands, ctx)):
-                    total[j] += w * s
-        best = max(total)
-        return cand_idx[self._tie([j for j, t in enumerate(total) if t == best])]
 
     def forget(self, replica_id: int) -> None:
         """A replica went away: its cached prefixes went with it."""

@@ -15,7 +15,7 @@ from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from simulator.dists import Dist, parse_dist
 from simulator.latency.loader import LATENCY_MODEL_SCHEMA
-from simulator.router import SCORERS
+from simulator.pickers import POLICY_NAMES
 from simulator.scenario_limits import (
     MAX_BLOCK_SIZE,
     MAX_CV,
@@ -34,16 +34,9 @@ from simulator.scenario_limits import (
     MIN_MTBF,
     MIN_SCRAPE_INTERVAL,
 )
+from simulator.scorers import WEIGHTS_SCHEMA
 
-ROUTERS = (
-    "round_robin",
-    "random",
-    "least_outstanding",
-    "least_waiting",
-    "kv_aware",
-    "prefix_affinity",
-    "weighted",
-)
+ROUTERS = POLICY_NAMES  # the registered pickers (simulator.pickers), in registration order
 SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
 
@@ -227,8 +220,10 @@ SLO = {
 
 ROUTER = mapping(
     {
-        "policy": {"enum": list(ROUTERS)},
-        "weights": mapping({k: NONNEG for k in SCORERS}),
+        # the registered pickers and scorers: these two schema parts are the registries' own objects,
+        # so a picker or scorer registered later is accepted too
+        "policy": {"enum": POLICY_NAMES},
+        "weights": WEIGHTS_SCHEMA,
         "prefix_lru_blocks": at_most(COUNT1, MAX_LRU_BLOCKS),
         "kv_threshold": POS,
         "queue_threshold": COUNT0,

@@ -29,7 +29,9 @@ Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-
 (kv), prefix-cache-scorer (prefix), active-request-scorer (load: requests in flight through this
 router), running-requests-scorer (running), session-affinity-scorer (session; the header is a
 parameter). Pickers: max-score-picker (the weighted policy), round-robin-picker, random-picker,
-least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy).
+least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy). These
+are the plugin types registered with the scorers and pickers (simulator.scorers, simulator.pickers);
+one registered later is accepted here too.
 """
 
 from __future__ import annotations
@@ -41,35 +43,39 @@ from pathlib import Path
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
 from simulator.flow import Band
+from simulator.pickers import PICKERS
 from simulator.scenario_schema import mapping
+from simulator.scorers import SCORER_PLUGINS
 
-SCORER_TYPES = {
-    "queue-scorer": "queue",
-    "kv-cache-utilization-scorer": "kv",
-    "prefix-cache-scorer": "prefix",
-    "active-request-scorer": "load",
-    "running-requests-scorer": "running",
-    "session-affinity-scorer": "session",
-}
-PICKER_TYPES = {
-    "max-score-picker": "weighted",
-    "round-robin-picker": "round_robin",
-    "random-picker": "random",
-    "least-outstanding-picker": "least_outstanding",
-    "prefix-affinity-picker": "prefix_affinity",
-}
+
+def scorer_types() -> dict[str, str]:
+    """EndpointPickerConfig scorer plugin type -> the registered scorer it runs (simulator.scorers)."""
+    return {p.plugin_type: p.name for p in SCORER_PLUGINS.values() if p.plugin_type}
+
+
+def picker_types() -> dict[str, str]:
+    """EndpointPickerConfig picker plugin type -> the registered picker (simulator.pickers)."""
+    return {p.plugin_type: p.name for p in PICKERS.values() if p.plugin_type}
+
+
 API_VERSIONS = ("llm-d.ai/v1", "llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 DURATION = {"type": ["number", "string"], "x-message": "must be seconds or a duration such as 100ms, 5s, 2m"}
 PARAMS = {"type": "object"}
 NUM = {"type": "number", "minimum": 0}
 
-ROUTER_SCHEMA = mapping(
-    {
+
+def router_schema() -> dict:
+    """The EndpointPickerConfig schema, its plugin types those of the registered scorers and pickers."""
+    return mapping(_properties([*scorer_types(), *picker_types()]), ("kind",))
+
+
+def _properties(plugin_types: list[str]) -> dict:
+    return {
         "apiVersion": {"enum": list(API_VERSIONS)},
         "kind": {"const": "EndpointPickerConfig"},
         "featureGates": {"type": "array", "items": {"type": "string"}},
         "plugins": {"type": "array", "items": mapping(
-            {"name": {"type": "string"}, "type": {"enum": [*SCORER_TYPES, *PICKER_TYPES]},
+            {"name": {"type": "string"}, "type": {"enum": plugin_types},
              "parameters": PARAMS}, ("type",))},
         "schedulingProfiles": {"type": "array", "maxItems": 1, "items": mapping(
             {"name": {"type": "string"}, "plugins": {"type": "array", "items": mapping(
@@ -91,9 +97,7 @@ ROUTER_SCHEMA = mapping(
         "dataLayer": mapping({"refreshInterval": DURATION, "healthCheckInterval": DURATION,
                               "scrapeTimeout": DURATION, "ejectAfter": {"type": "integer", "minimum": 1},
                               "connectTimeout": DURATION, "maxRetries": {"type": "integer", "minimum": 0}}),
-    },
-    ("kind",),
-)
+    }
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 
@@ -157,7 +161,7 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
         doc = parse(path.read_text(), str(path))
     if not isinstance(doc.data, dict):
         raise doc.error((), "a router config must be a mapping (kind: EndpointPickerConfig, plugins, ...)")
-    check(ROUTER_SCHEMA, doc)
+    check(router_schema(), doc)
     d = doc.data
     cfg = RouterConfig(source=doc.name or "ROUTER")
     plugins: dict[str, dict] = {}
@@ -177,12 +181,12 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
             raise doc.error(("schedulingProfiles", 0, "plugins", j, "pluginRef"),
                             f"no plugin named {ref['pluginRef']!r} in plugins")
         params, where = p.get("parameters", {}), ("plugins", p["at"], "parameters")
-        if p["type"] in PICKER_TYPES:
+        if p["type"] in picker_types():
             pickers.append(p["type"])
-            cfg.policy = PICKER_TYPES[p["type"]]
+            cfg.policy = picker_types()[p["type"]]
             cfg.seed = _int(doc, where, params, "seed", cfg.seed)
             continue
-        cfg.weights[SCORER_TYPES[p["type"]]] = float(ref.get("weight", 1))
+        cfg.weights[scorer_types()[p["type"]]] = float(ref.get("weight", 1))
         if p["type"] == "prefix-cache-scorer":
             _prefix_params(doc, where, params, cfg)
         elif p["type"] == "session-affinity-scorer":
