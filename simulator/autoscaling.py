@@ -33,6 +33,8 @@ class PoolPolicy:
     triggers: list = field(default_factory=list)  # the spec's KEDA-style triggers
     reads_metrics: bool = True  # fixed and schedule read only the clock and the replica count
     queries: list = field(default_factory=list)  # (trigger name, compiled query)
+    matched: set = field(default_factory=set)  # triggers whose query returned a sample (trigger_watch)
+    evaluations: int = 0  # times the queries were evaluated
 
 
 def make_pool_policy(spec, latency_model) -> PoolPolicy:
@@ -87,8 +89,9 @@ def keda_value(value) -> float | None:
     return value[0][1] if value else None
 
 
-def trigger_values(fleet, queries, t: float, obs: Observation) -> None:
-    """Each trigger's query evaluated at t over the store; a failing query is that trigger's error."""
+def trigger_values(fleet, queries, t: float, obs: Observation, matched: set | None = None) -> None:
+    """Each trigger's query evaluated at t over the store; a failing query is that trigger's error.
+    Triggers that returned a sample are added to `matched` (simulator.trigger_watch)."""
     ev = Evaluator(fleet.store, default_step=round(fleet.sc.evaluation_interval * 1000))
     t_ms = round(t * 1000)
     for name, tree in queries:
@@ -96,6 +99,9 @@ def trigger_values(fleet, queries, t: float, obs: Observation) -> None:
             obs.metrics[name] = keda_value(ev.eval(tree, t_ms))
         except PromQLError:
             obs.errors.add(name)
+            continue
+        if matched is not None and obs.metrics[name] is not None:
+            matched.add(name)
 
 
 def build_observation(fleet, pool) -> Observation:
@@ -135,5 +141,6 @@ def build_observation(fleet, pool) -> Observation:
             if not math.isnan(v):
                 table[p] = v
     if pool.policy.queries:
-        trigger_values(fleet, pool.policy.queries, t, obs)
+        pool.policy.evaluations += 1
+        trigger_values(fleet, pool.policy.queries, t, obs, pool.policy.matched)
     return obs

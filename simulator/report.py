@@ -11,6 +11,7 @@ from autoscaler.slo import SloTarget
 from simulator.cost import fleet_cost, pool_cost
 from simulator.requests import OK, STATUS
 from simulator.steptime import PS
+from simulator.trigger_watch import unmatched_triggers
 
 
 def request_table(fleet) -> dict[str, np.ndarray]:
@@ -103,24 +104,26 @@ def summarize(fleet) -> dict:
     sc = fleet.sc
     req = request_table(fleet)
     arrived = np.arange(len(req["id"])) < fleet.arrived  # arrivals are processed in order
+    measured = arrived & (req["arrival"] >= sc.warmup)  # the SLOs' requests: after the warm-up
+    n_measured = int(measured.sum())
     n_arrived = int(arrived.sum())
     status = req["status"]
     span = (fleet.end_ps if fleet.end_ps > 0 else fleet.end_time_ps) / PS
     ok = status == 1
     slos = {}
-    joint = np.ones(n_arrived, dtype=bool)
+    joint = np.ones(n_measured, dtype=bool)
     for slo in sc.slos:
-        meets = slo_meets(req, slo, arrived)
+        meets = slo_meets(req, slo, measured)
         joint &= meets
-        value = _pcts(slo_metric(req, slo.metric)[arrived & ok]).get(f"p{int(slo.percentile)}")
+        value = _pcts(slo_metric(req, slo.metric)[measured & ok]).get(f"p{int(slo.percentile)}")
         if value is None:
-            vals = slo_metric(req, slo.metric)[arrived & ok]
+            vals = slo_metric(req, slo.metric)[measured & ok]
             vals = vals[~np.isnan(vals)]
             value = float(np.percentile(vals, slo.percentile)) if len(vals) else None
         slos[slo.metric] = {
             "threshold": slo.seconds,  # seconds
             "percentile": slo.percentile,
-            "attainment": float(meets.mean()) if n_arrived else None,
+            "attainment": float(meets.mean()) if n_measured else None,
             "value_at_percentile": value,
             "met": bool(value is not None and value <= slo.seconds),
         }
@@ -175,8 +178,11 @@ def summarize(fleet) -> dict:
             "retries": int(fleet.requests.retries.sum()),
         },
         "slo": slos,
-        "slo_attainment_joint": float(joint.mean()) if n_arrived and sc.slos else None,
-        "slo_window_attainment": window_attainment(req, sc.slos, arrived),
+        "slo_attainment_joint": float(joint.mean()) if n_measured and sc.slos else None,
+        "slo_window_attainment": window_attainment(req, sc.slos, measured),
+        "warmup": sc.warmup,
+        # triggers whose query never returned a sample: scaling on nothing (simulator.trigger_watch)
+        "unmatched_triggers": unmatched_triggers(fleet),
         "goodput_rps": float(joint.sum()) / span if span > 0 and sc.slos else None,
         "throughput_rps": float(ok.sum()) / span if span > 0 else None,
         "output_tokens_per_s": float(req["output_tokens"][ok].sum()) / span if span > 0 else None,
@@ -225,7 +231,7 @@ def summary_lines(s: dict) -> list[str]:
         head = f"all SLOs met: {r['ok']}/{r['arrived']} requests ok" + (f" ({failed})" if failed else "")
     else:
         head = f"{r['ok']}/{r['arrived']} requests ok (no SLOs given)" + (f" ({failed})" if failed else "")
-    lines = [head]
+    lines = [f"warning: {w['message']}" for w in s.get("unmatched_triggers", [])] + [head]
     for k in ("ttft", "tpot", "e2e"):
         q = s["latency"][k]
         lines.append(f"{k.upper():5s} p50 {q.get('p50', nan):.3f} s  p90 {q.get('p90', nan):.3f} s  "

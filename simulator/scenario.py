@@ -73,6 +73,7 @@ class PoolSpec:
     frontend: dict | None = None  # the HTTP front end: each request's delay drawn from it (frontend.py)
     failure: FailureSpec | None = None
     autoscaler: dict | None = None
+    labels: dict = field(default_factory=dict)  # its engines' series labels (model_name, namespace, pod)
 
     @property
     def startup_delay(self) -> Dist:
@@ -98,6 +99,7 @@ class Scenario:
     router: dict
     slos: list[SloTarget]
     seed: int = 0
+    warmup: float = 0.0  # SLO statistics count requests arriving from this time on
     scrape_interval: float = 15.0
     rate_window: float = 60.0
     timeline_interval: float = 10.0
@@ -163,7 +165,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         slos=[SloTarget.from_yaml(metric, v) for metric, v in d.get("slo", {}).items()],
         base_dir=base,
         name=str(d.get("name", name)),
-        **_given(d, {"seed": ("seed", int), "currency": ("currency", str)}),
+        **_given(d, {"seed": ("seed", int), "currency": ("currency", str), "warmup": ("warmup", float)}),
         **_given(sections["metrics"], {"scrape_interval": ("scrape_interval", float)}),
         **_given(sections["metrics"], {"rate_window": ("rate_window", float)}),
         **_given(sections["metrics"], {"evaluation_interval": ("evaluation_interval", float)}),
@@ -171,6 +173,8 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         **_given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),
         **_given(sections["drain"], {"enabled": ("drain_after_end", bool), "max": ("max_drain", float)}),
     )
+    if sc.warmup and sc.duration is not None and sc.warmup >= sc.duration:
+        raise doc.error(("warmup",), f"must be below the duration ({sc.duration:g} s), got {sc.warmup:g}")
     span = (sc.duration or 0.0) + (sc.max_drain if sc.drain_after_end else 0.0)
     check_limits(doc, workload, sc.duration, span, pools, sc.scrape_interval, sc.rate_window,
                  sc.timeline_interval, sc.router)
@@ -227,6 +231,8 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
     scaler = None  # the pool's own autoscaler, else the scenario's
     if "autoscaler" in p or "autoscaler" in top.data:
         scaler = _autoscaler(doc.at("autoscaler") if "autoscaler" in p else top.at("autoscaler"), base)
+    if "labels" in p:
+        kw["labels"] = {k: str(v) for k, v in p["labels"].items()}
     pool = PoolSpec(p["name"], lm, **kw, autoscaler=scaler)
     if not pool.chunked_prefill and "max_num_batched_tokens" not in kw:  # as vLLM: room for a whole prompt
         pool.max_num_batched_tokens = max(pool.max_num_batched_tokens, pool.max_model_len)

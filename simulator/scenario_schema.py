@@ -199,6 +199,9 @@ POOL = mapping(
             ("mtbf",),
         ),
         "autoscaler": AUTOSCALER,
+        # the labels its engines' series carry, as a Kubernetes scrape of vLLM shows them: what a
+        # trigger's query filters on (pod: a pattern with {pool} and {replica})
+        "labels": mapping({"model_name": STR, "namespace": STR, "pod": STR, "engine": STR}),
     },
     ("name", "latency_model"),
     allOf=[
@@ -249,6 +252,9 @@ SCENARIO = mapping(
         "name": STR,
         "seed": COUNT0,
         "duration": SECONDS,
+        # SLO statistics count the requests arriving at or after this time (a queue's warm-up from empty
+        # is optimistic at a high load; the planner's steady-state runs discard their first third)
+        "warmup": NONNEG,
         "workload": WORKLOAD,
         "pools": {"type": "array", "minItems": 1, "items": POOL},
         "router": ROUTER,

@@ -50,9 +50,13 @@ ROUTER_NAMES = ("llm_d_epp_request_total", "llm_d_epp_flow_control_queue_size")
 
 
 def replica_target(pool, rep) -> dict[str, str]:
-    pod = f"{pool.spec.name}-{rep.id}"
-    return {"job": pool.spec.name, "namespace": NAMESPACE, "pod": pod, "instance": f"{pod}:8000",
-            "model_name": getattr(pool.model, "model", "") or pool.spec.name, "engine": "0"}
+    """A replica's target labels: the pool's `labels` where it sets them (pod: a pattern)."""
+    given = pool.spec.labels
+    pod = given.get("pod", "{pool}-{replica}").replace("{pool}", pool.spec.name).replace("{replica}",
+                                                                                          str(rep.id))
+    return {"job": pool.spec.name, "namespace": given.get("namespace", NAMESPACE), "pod": pod,
+            "instance": f"{pod}:8000", "engine": given.get("engine", "0"),
+            "model_name": given.get("model_name") or getattr(pool.model, "model", "") or pool.spec.name}
 
 
 def ksm_columns(pools) -> list[Column]:

@@ -31,6 +31,8 @@ SCENARIO_MEANINGS = {
     "name": "the run's name in reports (default: the file's name)",
     "seed": "random seed of arrivals, lengths, delays and failures",
     "duration": "seconds of arrivals (a trace may give its own)",
+    "warmup": "SLOs count only the requests arriving from this second on (an empty start flatters)",
+    "pools[].labels": "labels its engines' series carry, as triggers filter on them (pod: {pool}, {replica})",
     "currency": "of every cost_per_hour, shown with the costs",
     "workload": "where requests come from: a trace, or generated arrivals with length distributions",
     "workload.trace": "replay a recorded trace (azure, mooncake, burstgpt, or any CSV)",

@@ -22,7 +22,8 @@ from simulator.scenario import load_scenario
 from simulator.scenario_schema import dist_at, resolve
 from simulator.scenario_workload import workload_config
 
-SEARCH_DEFAULTS = {"start_rate": 1.0, "step": 0.05, "duration": 600.0, "drain": 300.0, "max_replicas": 256}
+SEARCH_DEFAULTS = {"start_rate": 1.0, "step": 0.05, "duration": 600.0, "drain": 300.0, "max_replicas": 256,
+                   "check_duration": 900.0, "max_duration": 1800.0}
 ROUTER_DEFAULT = {"policy": "least_outstanding"}
 
 

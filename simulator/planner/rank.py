@@ -24,7 +24,9 @@ def assemble(plan, peak: float, days: dict, found: dict, runs: dict, oracles: di
     entries = [_candidate(plan, c, found[c.name], runs[c.name], oracles[c.name], curves, per_day,
                           float(days[c.name].output.sum()) * per_day) for c in plan.candidates]
     options = ranking(entries)
-    static_runs = sum(c["seeds_run"] for f in found.values() if f["static"] for c in f["static"]["checked"])
+    slo = {m: {"percentile": t.percentile, "seconds": t.seconds}
+           for m, t in ((m, SloTarget.from_yaml(m, v)) for m, v in plan.slo.items())}
+    static_runs = sum(c["simulations"] for f in found.values() if f["static"] for c in f["static"]["checked"])
     return {
         "simulations": sum(len(r) for r in runs.values()) + static_runs + len(curves),
         "plan": plan.name,
@@ -38,11 +40,12 @@ def assemble(plan, peak: float, days: dict, found: dict, runs: dict, oracles: di
             "requests_per_day": len(first) * per_day,
             "output_tokens_per_day": float(first.output.sum()) * per_day,
         },
-        "slo": {m: {"percentile": t.percentile, "seconds": t.seconds}
-                for m, t in ((m, SloTarget.from_yaml(m, v)) for m, v in plan.slo.items())},
+        "slo": slo,
         "candidates": entries,
         "ranking": options,
-        "answer": answer(entries, options, peak, plan.currency),
+        "invalid": [{"candidate": e["name"], "policy": name, "reason": p["invalid"]}
+                    for e in entries for name, p in e["policies"].items() if p.get("invalid")],
+        "answer": answer(entries, options, peak, plan.currency, slo),
     }
 
 
@@ -85,7 +88,11 @@ def _candidate(plan, cand, found: dict, runs: list, oracle, curves: dict, per_da
 
 def _policy(s: dict, d, per_day: float, tokens_day: float, oracle: dict | None) -> dict:
     cost = s["costs"]["during_workload"] * per_day
+    unmatched = s.get("unmatched_triggers", [])
     return {
+        # a trigger that matched no series scaled on nothing: the run says nothing about the policy
+        "invalid": "; ".join(f"trigger {w['trigger']} matched nothing ({w['hint']})" for w in unmatched)
+        or None,
         "cost_per_day": cost,
         "gpu_hours_per_day": cost / d.price_per_gpu_hour,
         "x_oracle": cost / oracle["cost_per_day"] if oracle and oracle["cost_per_day"] > 0 else None,
@@ -110,14 +117,19 @@ def ranking(entries: list[dict]) -> list[dict]:
             options.append({"candidate": e["name"], "policy": None, "cost_per_day": st["cost_per_day"],
                             "attainment": st["attainment_at_peak"], "met": True,
                             "replicas_at_peak": st["replicas"], "gpus_at_peak": st["gpus"],
-                            "cost_per_hour_at_peak": st["cost_per_hour"]})
+                            "cost_per_hour_at_peak": st["cost_per_hour"],
+                            "rechecked": "searched_replicas" in st})
         for name, p in e["policies"].items():
+            if p.get("invalid"):
+                continue  # not ranked: listed under "invalid" in plan.json and the report
             options.append({"candidate": e["name"], "policy": name, "cost_per_day": p["cost_per_day"],
                             "attainment": p["attainment"], "met": p["met"],
                             "replicas_at_peak": p["peak_replicas"], "gpus_at_peak": p["peak_replicas"] * g,
                             "cost_per_hour_at_peak": p["cost_per_hour_at_peak"]})
-    # stable: ties keep the plan's order, a static fleet before the policies on it
-    options.sort(key=lambda o: (not o["met"], o["cost_per_day"], -(o["attainment"] or 0.0)))
+    # stable: ties keep the plan's order, a static fleet before the policies on it; of two static fleets
+    # at one cost, the one re-checked at length first
+    options.sort(key=lambda o: (not o["met"], o["cost_per_day"], not o.get("rechecked", True),
+                                -(o["attainment"] or 0.0)))
     for o in options:
         a = o["attainment"] or 0.0
         o["pareto"] = not any(
@@ -128,13 +140,41 @@ def ranking(entries: list[dict]) -> list[dict]:
     return options
 
 
-def answer(entries: list[dict], options: list[dict], peak: float, currency: str) -> dict:
+def margin_at_peak(e: dict, peak: float, slo: dict) -> dict | None:
+    """How close the answer's static fleet runs to its limits at the peak, from its longest run there:
+    each SLO's value at its percentile (worst seed) against the target, the replicas' busy fraction, the
+    rate a replica takes against one replica's capacity, and the count below that missed."""
+    st = e["static"]
+    if "slo_at_peak" not in st:
+        return None
+    load = peak / st["replicas"]
+    cap = e["capacity"]["rps"]
+    values = []
+    for name, v in st["slo_at_peak"].items():
+        target = slo[name]
+        shown = "none finished" if v is None else f"{v:.3g} s"
+        values.append(f"{name} p{target['percentile']:g} {shown} (target {target['seconds']:g} s)")
+    text = (f"At the peak over {st['duration']:g} s on every seed: " + ", ".join(values)
+            + f"; replicas busy {100 * st['busy_at_peak']:.0f}% of the time, {load:.3g} req/s each"
+            + (f" ({100 * load / cap:.0f}% of one replica alone at capacity, {cap:.3g} req/s)" if cap else "")
+            + ".")
+    fewer = st.get("fewer_missed")
+    if fewer:
+        missed = ", ".join(f"{k} {v:.3g} s" for k, v in fewer["slo"].items() if v is not None)
+        text += f" {fewer['replicas']} replicas missed over {fewer['duration']:g} s ({missed})."
+    return {"slo": st["slo_at_peak"], "busy": st["busy_at_peak"], "rps_per_replica": load,
+            "of_capacity": load / cap if cap else None, "duration": st["duration"],
+            "fewer_missed": fewer, "text": text}
+
+
+def answer(entries: list[dict], options: list[dict], peak: float, currency: str, slo: dict) -> dict:
     best = next((o for o in options if o["met"]), None)
     if best is None:
         return {"met": False, "text": f"No candidate meets every SLO at the peak of {peak:.3g} req/s."}
     e = next(x for x in entries if x["name"] == best["candidate"])
     st = e["static"]
-    met = sorted((p["cost_per_day"], name) for name, p in e["policies"].items() if p["met"])
+    met = sorted((p["cost_per_day"], name) for name, p in e["policies"].items()
+                 if p["met"] and not p.get("invalid"))
     engine = ", ".join(f"{k} {v}" for k, v in e["engine"].items())
     engine = f" ({engine})" if engine else ""
     replicas = "1 replica" if st["replicas"] == 1 else f"{st['replicas']} replicas"
@@ -147,7 +187,11 @@ def answer(entries: list[dict], options: list[dict], peak: float, currency: str)
         text += (f"; {money(p['cost_per_day'], currency)}/day autoscaled with policy {policy} at "
                  f"{100 * p['attainment']:.1f}% of requests within every SLO")
     text += f" ({money(st['cost_per_day'], currency)}/day as a static fleet)."
-    return {"met": True, "candidate": e["name"], "best_option": best, "replicas_at_peak": st["replicas"],
+    margin = margin_at_peak(e, peak, slo)
+    if margin:
+        text += " " + margin["text"]
+    return {"margin": margin, "met": True, "candidate": e["name"], "best_option": best,
+            "replicas_at_peak": st["replicas"],
             "gpus_at_peak": st["gpus"], "cost_per_hour_at_peak": st["cost_per_hour"],
             "static_cost_per_day": st["cost_per_day"], "policy": policy,
             "policy_cost_per_day": e["policies"][policy]["cost_per_day"] if policy else None,

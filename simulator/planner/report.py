@@ -47,7 +47,8 @@ def write_scenarios(plan, result: dict, folder: Path) -> None:
         st = entry["static"]
         if not (st and st["replicas"]):
             continue
-        _dump(peak_scenario(plan, cand, st["replicas"], peak), folder / scenario_name(cand.name, "peak"))
+        _dump(peak_scenario(plan, cand, st["replicas"], peak, st.get("duration")),
+              folder / scenario_name(cand.name, "peak"))
         for p in plan.policies:
             if p.name in entry["policies"]:
                 first = entry["policies"][p.name]["first_replicas"]
@@ -89,6 +90,11 @@ def plan_html(result: dict, images: list[str]) -> str:
             for i, o in enumerate(result["ranking"])]
     parts.append(html_table(["#", "candidate", "policy", "replicas at peak", "GPUs at peak", "cost/h at peak",
                          "cost/day", "attainment", "SLOs met", "Pareto"], rows))
+    if result.get("invalid"):
+        parts.append("<h2>Invalid, not ranked</h2>")
+        parts.append(html_table(["candidate", "policy", "why"],
+                                [[b["candidate"], b["policy"], f"invalid: {b['reason']}"]
+                                 for b in result["invalid"]]))
     parts.append("<h2>Candidates</h2>")
     rows = []
     for c in result["candidates"]:

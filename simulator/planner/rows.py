@@ -27,6 +27,7 @@ def run_row(name: str, kind: str, summary: dict, timeline: list, spec: str | Non
         "scale_events": summary["scale_events"],
         "summary": summary,
         "timeline": timeline,
+        "unmatched_triggers": summary.get("unmatched_triggers", []),
     }
 
 

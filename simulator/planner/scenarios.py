@@ -5,14 +5,16 @@
     curve      the whole (compressed) curve under a policy (stage 2, autoscaled)
 
 Capacity and peak runs share the plan's arrival process and length mix, last `search.duration`
-seconds (a capacity run at a low rate longer, to hold MIN_REQUESTS; a peak run `search.peak_duration`)
-and drain for at most `search.drain`; replicas are ready from the start. Curve runs start replicas
-after the plan's startup delay.
+seconds (a capacity run at a low rate longer, to hold MIN_REQUESTS; a peak run `search.peak_duration`
+or longer, until its queue is steady: simulator.planner.steady, whose warm-up third it discards) and
+drain for at most `search.drain`; replicas are ready from the start. Curve runs start replicas after
+the plan's startup delay.
 """
 
 from __future__ import annotations
 
 from simulator.planner.plan import Candidate, Plan
+from simulator.planner.steady import with_length
 from simulator.planner.traffic import constant_workload
 
 MIN_REQUESTS = 200  # expected requests in a capacity run: enough to read a p90 from
@@ -39,9 +41,12 @@ def capacity_scenario(plan: Plan, cand: Candidate, rate: float) -> dict:
     return _base(plan, f"{cand.name} capacity", cand.pool(1), wl, duration)
 
 
-def peak_scenario(plan: Plan, cand: Candidate, replicas: int, peak_rate: float) -> dict:
+def peak_scenario(plan: Plan, cand: Candidate, replicas: int, peak_rate: float,
+                  duration: float | None = None) -> dict:
+    """N replicas at the peak for `duration` (default search.peak_duration), its first third a warm-up."""
     wl = constant_workload(plan.workload, peak_rate)
-    return _base(plan, f"{cand.name} peak", cand.pool(replicas), wl, plan.search["peak_duration"])
+    sc = _base(plan, f"{cand.name} peak", cand.pool(replicas), wl, plan.search["peak_duration"])
+    return with_length(sc, duration or plan.search["peak_duration"])
 
 
 def curve_scenario(plan: Plan, cand: Candidate, autoscaler: dict, replicas: int, name: str) -> dict:

@@ -29,7 +29,7 @@ from simulator.scenario_schema import (
 # a deployment is a pool without a replica count or an autoscaler: the planner chooses those
 ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
 POOL_KEYS = ("latency_model", "max_model_len", "kv_blocks", "kv_memory", "block_size", "prefix_caching",
-             "step_overhead_ms", "wakeup_ms", *ENGINE_KEYS)
+             "step_overhead_ms", "wakeup_ms", "labels", *ENGINE_KEYS)
 
 
 def grid(item: dict) -> dict:
@@ -81,6 +81,10 @@ PLAN = mapping(
             "step": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.05},
             "duration": at_most(SECONDS, 86400),  # of each capacity run
             "peak_duration": at_most(SECONDS, 86400),  # of each run at the peak (default: duration)
+            # a peak run whose queue still rises is run twice as long, up to this (simulator.planner.steady)
+            "max_duration": at_most(SECONDS, 86400),
+            # the static fleets that may be the answer are run this long at the peak before it is given
+            "check_duration": at_most(SECONDS, 86400),
             "drain": at_most({"type": "number", "minimum": 0}, MAX_DURATION),
             "max_replicas": at_most(COUNT1, MAX_REPLICAS),
         }),

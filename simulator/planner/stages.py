@@ -3,7 +3,9 @@ every candidate, then every policy over the whole curve on the chosen candidates
 turns the answers into costs, a ranking and the answer.
 
 The static fleet is the smallest replica count whose runs at the peak rate meet every SLO on every
-seed, searched from ceil(peak / capacity) (simulator.planner.search.fleet_search). The oracle bound
+seed, searched from ceil(peak / capacity) (simulator.planner.search.fleet_search), each run long enough
+for its queue to be steady (simulator.planner.steady); the answer's is run again for longer before it
+is given (simulator.planner.peakruns), and the plan re-ranked if that raises it. The oracle bound
 of a candidate bills, per minute, that minute's arrivals over the static fleet's share of the peak per
 replica, a startup delay ahead; the policies start from its first minute's count.
 """
@@ -15,13 +17,21 @@ import math
 from simulator.dists import parse_dist
 from simulator.planner.capacity import capacity_task
 from simulator.planner.oracle import oracle
+from simulator.planner.peakruns import (
+    at_count,
+    cheapest_per_deployment,
+    fleet_verdict,
+    peak_job,
+    recheck,
+    recheck_cheapest,
+)
 from simulator.planner.plan import Candidate, Plan
 from simulator.planner.rank import assemble
-from simulator.planner.scenarios import curve_scenario, peak_scenario
+from simulator.planner.scenarios import curve_scenario
 from simulator.planner.search import fleet_search
+from simulator.planner.steady import steady_runs
 from simulator.planner.sweep import Job, drive
 from simulator.planner.traffic import curve_peak, trace_peak
-from simulator.planner.verdict import meets
 
 
 def run_plan(plan: Plan, runner, progress=None) -> dict:
@@ -41,15 +51,11 @@ def run_plan(plan: Plan, runner, progress=None) -> dict:
         progress.stage("capacity and static fleets")
     found = drive({c.name: candidate_task(plan, c, peak, runs[c.name]) for c in plan.candidates}, runner,
                   progress)
+    if progress is not None:
+        progress.stage("the cheapest static fleets re-checked at the peak")
+    recheck_cheapest(plan, found, peak, runner, progress)
     startup = parse_dist(plan.startup_delay, "startup_delay").mean()
-    oracles = {}
-    for c in plan.candidates:
-        # a replica's share of the peak in the static fleet: pooled replicas serve more than one alone
-        st = found[c.name]["static"]
-        fleet_cap = peak / st["replicas"] if st and st["replicas"] else 0.0
-        oracles[c.name] = None
-        if fleet_cap:
-            oracles[c.name] = oracle(days[c.name].times, plan.sim_duration, fleet_cap, startup)
+    oracles = {c.name: candidate_oracle(plan, c, found, days, peak, startup) for c in plan.candidates}
     tasks = {}
     for c in autoscaled_candidates(plan, found):
         first_replicas = int(oracles[c.name][1][0])
@@ -59,7 +65,27 @@ def run_plan(plan: Plan, runner, progress=None) -> dict:
     if progress is not None:
         progress.stage("policies over the curve")
     curves = drive(tasks, runner, progress)
-    return assemble(plan, peak, days, found, runs, oracles, curves)
+    result = assemble(plan, peak, days, found, runs, oracles, curves)
+    rechecked: set[str] = set()
+    while result["answer"]["met"] and result["answer"]["candidate"] not in rechecked:
+        # the answer's static fleet, run longer before it is given; a count it raises re-ranks the plan
+        name = result["answer"]["candidate"]
+        if progress is not None:
+            progress.stage(f"{name}: the answer re-checked at the peak")
+        recheck(plan, found, peak, runner, [name], progress)
+        rechecked.add(name)
+        c = next(x for x in plan.candidates if x.name == name)
+        oracles[name] = candidate_oracle(plan, c, found, days, peak, startup)
+        result = assemble(plan, peak, days, found, runs, oracles, curves)
+    return result
+
+
+def candidate_oracle(plan: Plan, cand: Candidate, found: dict, days: dict, peak: float, startup: float):
+    # a replica's share of the peak in the static fleet: pooled replicas serve more than one alone
+    st = found[cand.name]["static"]
+    if not (st and st["replicas"]):
+        return None
+    return oracle(days[cand.name].times, plan.sim_duration, peak / st["replicas"], startup)
 
 
 def day_workload(plan: Plan, cand: Candidate):
@@ -79,20 +105,16 @@ def candidate_task(plan: Plan, cand: Candidate, peak: float, runs: list):
 
 
 def static_task(plan: Plan, cand: Candidate, peak: float, capacity: float):
-    search = fleet_search(math.ceil(peak / capacity - 1e-9), plan.search["max_replicas"])
+    s = plan.search
+    search = fleet_search(math.ceil(peak / capacity - 1e-9), s["max_replicas"])
     checked, at = [], {}
     n = next(search)
-    while True:
-        summaries = []
-        for seed in plan.seeds:  # a count fails at its first seed that misses
-            results = yield [Job(peak_scenario(plan, cand, n, peak), seed)]
-            summaries.append(results[0]["summary"])
-            if not meets(summaries[-1]):
-                break
-        ok = all(meets(s) for s in summaries)
-        at[n] = summaries
-        worst = min(s["slo_attainment_joint"] for s in summaries)
-        checked.append({"replicas": n, "met": ok, "attainment": worst, "seeds_run": len(summaries)})
+    while True:  # a count fails at its first seed that misses; a steady run's length is found per count
+        duration, results, runs = yield from steady_runs(peak_job(plan, cand, n, peak), plan.seeds,
+                                                         s["peak_duration"], s["max_duration"])
+        ok, entry = fleet_verdict(plan, n, duration, results, runs)
+        at[n] = (duration, results)
+        checked.append(entry)
         try:
             n = search.send(ok)
         except StopIteration as stop:
@@ -100,29 +122,14 @@ def static_task(plan: Plan, cand: Candidate, peak: float, capacity: float):
             break
     if replicas is None:
         return {"replicas": None, "checked": checked}
-    return {
-        "replicas": replicas,
-        "attainment_at_peak": min(s["slo_attainment_joint"] for s in at[replicas]),
-        "output_tokens_per_s_at_peak": at[replicas][0]["output_tokens_per_s"],
-        "checked": sorted(checked, key=lambda c: c["replicas"]),
-    }
+    return {**at_count(replicas, *at[replicas]), "checked": sorted(checked, key=lambda c: c["replicas"])}
 
 
 def autoscaled_candidates(plan: Plan, found: dict) -> list[Candidate]:
     """The candidates the policies run on: all that can meet the SLOs, or the cheapest static fleet of
-    each deployment (ties: the first in the grid)."""
+    each deployment (ties: a re-checked one, then the first in the grid)."""
     ok = [c for c in plan.candidates if found[c.name]["static"] and found[c.name]["static"]["replicas"]]
-    if plan.autoscale == "all":
-        return ok
-    def cost(c: Candidate) -> float:
-        return found[c.name]["static"]["replicas"] * c.deployment.cost_per_hour
-
-    best: dict[str, Candidate] = {}
-    for c in ok:
-        d = c.deployment.name
-        if d not in best or cost(c) < cost(best[d]):
-            best[d] = c
-    return [c for c in ok if best.get(c.deployment.name) is c]
+    return ok if plan.autoscale == "all" else cheapest_per_deployment(plan, found)
 
 
 def single(job: Job):

@@ -25,6 +25,7 @@ class Job:
     seed: int
     timeline: bool = False  # also return replicas and arrival rate over time
     base_dir: str | None = None  # where the scenario's relative paths start (None: they are absolute)
+    steady: bool = False  # also return the stationarity of its queue (simulator.planner.steady)
 
 
 def run_job(job: Job) -> dict:
@@ -36,6 +37,10 @@ def run_job(job: Job) -> dict:
     out = {"summary": res.summary}
     if job.timeline:
         out["timeline"] = replicas_over_time(res.fleet.timeline)
+    if job.steady:
+        from simulator.planner.steady import stationarity
+
+        out["steady"] = stationarity(res.fleet)
     return out
 
 

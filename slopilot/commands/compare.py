@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.close()
     written = write_compare_outputs(result, Path(args.out), plots=not args.no_plots)
+    for r in result["rows"]:  # a trigger that scaled on nothing makes its row meaningless: say so first
+        for w in r.get("unmatched_triggers", []):
+            print(f"warning: {r['name']}: {w['message']}")
     print(" | ".join(HEAD))
     for row in table_rows(result):
         print(" | ".join("-" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row))

@@ -55,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
           f"{result['simulations']} simulations.")
     for i, o in enumerate(result["ranking"][:10]):
         att = "-" if o["attainment"] is None else f"{100 * o['attainment']:.2f}%"
-        print(f"{i + 1:3d}. {o['candidate']:<40s} {o['policy'] or 'static (peak)':<24s} "
+        static = "static (re-checked)" if o.get("rechecked") else "static (peak)"
+        print(f"{i + 1:3d}. {o['candidate']:<40s} {o['policy'] or static:<24s} "
               f"{money(o['cost_per_day'], cur):>16s}/day  {att:>8s}  {'met' if o['met'] else 'MISSED'}")
+    for bad in result.get("invalid", []):
+        print(f"invalid: {bad['candidate']} {bad['policy']}: {bad['reason']}")
     print(f"wrote {args.out}/" + ", ".join(written) + " and scenarios/")
     return 1 if args.fail_on_slo_miss and not result["answer"]["met"] else 0
