@@ -55,6 +55,10 @@ class PolicyType:
     block_required: bool = False
     load: Callable | None = None
     triggers: Callable | None = None  # options -> the extra triggers the policy reads (fast signals)
+    # `slopilot export keda`: to_keda(spec, out_spec, server_address) fills the ScaledObject's spec and
+    # returns notes on where it differs; None: no equivalent, for the reason no_keda gives
+    to_keda: Callable | None = None
+    no_keda: str = ""
 
 
 _TYPES: dict[str, PolicyType] = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.crd import crd
+from autoscaler.export import to_scaled_object
 from autoscaler.registry import PolicyType, lookup, register, registered, unregister
 from autoscaler.spec import load_spec, make_policy
 from controlplane.sources.base import needed
@@ -83,6 +84,12 @@ def test_the_sources_read_what_it_declares_and_a_bad_registration_is_refused():
     assert [pt.name for pt in registered()] == ["keda", "hpa", "ratio", "sloModel", "kpa", "toyQueue"]
     assert lookup("toyQueue") is toy_policy.TOY
     assert isinstance(make_policy(load_spec(SPEC)), toy_policy.ToyQueuePolicy)
+
+
+def test_export_says_it_has_no_keda_equivalent():
+    why = "spec.policy.type: toyQueue has no KEDA equivalent: its registration gives no translation"
+    with pytest.raises(ValueError, match=why):
+        to_scaled_object(load_spec(SPEC))
 
 
 def test_replay(tmp_path):

@@ -6,6 +6,8 @@ spec is parsed by the same keda_config().
 
 from __future__ import annotations
 
+import copy
+
 from autoscaler import hpa
 from autoscaler.expr import Formula
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
@@ -132,14 +134,43 @@ def _loader(activation: bool):
     return load
 
 
+def keda_to_keda(spec, out_spec: dict, server_address: str) -> list[str]:
+    """The same triggers and options, verbatim."""
+    out_spec.update(copy.deepcopy(spec.options))
+    return []
+
+
+def hpa_to_keda(spec, out_spec: dict, server_address: str) -> list[str]:
+    """A ScaledObject that never deactivates (minReplicaCount >= 1) with the HPA behavior."""
+    block, notes = copy.deepcopy(spec.options), []
+    if spec.min_replicas < 1:
+        notes.append("minReplicaCount raised to 1: the hpa policy never scales to zero")
+        out_spec["minReplicaCount"] = 1
+    out_spec["triggers"] = block["triggers"]
+    behavior = block.get("behavior")
+    if "tolerance" in block:
+        behavior = copy.deepcopy(behavior or {})
+        for side in ("scaleUp", "scaleDown"):
+            behavior.setdefault(side, {}).setdefault("tolerance", str(block["tolerance"]))
+        notes.append(
+            "tolerance moved to behavior.scaleUp/scaleDown.tolerance (Kubernetes >= 1.33, "
+            "feature gate HPAConfigurableTolerance)"
+        )
+    if behavior:
+        out_spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior}}
+    return notes
+
+
 KEDA = register(PolicyType(
     "keda", _build, reads=(), block_required=True, load=_loader(True), triggers=lambda c: c.triggers,
+    to_keda=keda_to_keda,
     meaning="KEDA semantics (triggers, activation, cooldown, fallback, scalingModifiers)",
     block_schema={"type": "object", "required": ["triggers"], "additionalProperties": False,
                   "properties": KEDA_FIELDS},
 ))
 HPA = register(PolicyType(
     "hpa", _build, reads=(), block_required=True, load=_loader(False), triggers=lambda c: c.triggers,
+    to_keda=hpa_to_keda,
     meaning="a plain HPA on the same triggers (no scale to zero)",
     block_schema={"type": "object", "required": ["triggers"], "additionalProperties": False,
                   "properties": {"triggers": TRIGGERS, "behavior": BEHAVIOR, "tolerance": NUM}},

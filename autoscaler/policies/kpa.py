@@ -54,4 +54,5 @@ def build(spec, o: KpaOptions, latency_model) -> KpaPolicy:
 KPA = register(PolicyType(
     "kpa", build, reads=("arrival_rate", "num_running", "num_waiting"), options=KpaOptions,
     meaning="Knative's KPA on concurrency or request rate",
+    no_keda="Knative's stable/panic windows and rate limits have no KEDA/HPA counterpart",
 ))

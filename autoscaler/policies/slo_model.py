@@ -90,5 +90,7 @@ def build(spec, options: SloModelOptions, latency_model) -> SloModelPolicy:
 SLO_MODEL = register(PolicyType(
     "sloModel", build, reads=("arrival_rate", "mean_tokens", "num_waiting"), options=SloModelOptions,
     needs_latency_model=True, needs_slo=True, triggers=signal_triggers,
+    no_keda="the model-based SLO-headroom policy predicts latency from a step-time model and forecasts "
+    "the arrival rate; KEDA triggers cannot express it",
     meaning="model-based SLO headroom: predicts latency from the load with a latency model",
 ))
