@@ -43,6 +43,11 @@ FLOAT_FIELDS = (
 INT_FIELDS = ("current_replicas", "ready_replicas", "starting_replicas")
 DECISION_FIELDS = ("desired_replicas", "active", "reason", "scale_error")  # outputs of a decision log
 PERCENTILE_KINDS = ("ttft", "tpot", "itl")
+LOGGED_PERCENTILES = (50.0, 90.0, 99.0)  # the percentile columns a decision log writes
+# columns of a series or decision log that are not triggers: a trigger may not take one of these names,
+# or its column would be read twice (controlplane.decision_log writes exactly these)
+RESERVED_NAMES = ("time", *INT_FIELDS, *FLOAT_FIELDS,
+                  *(f"{k}_p{p:g}" for k in PERCENTILE_KINDS for p in LOGGED_PERCENTILES), *DECISION_FIELDS)
 
 MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last RFC 3339 second
 MIN_INTERVAL = 0.001  # seconds; no controller polls faster than a millisecond

@@ -15,13 +15,11 @@ from pathlib import Path
 
 from autoscaler.observation import Observation
 from autoscaler.reconcile import Step
+from autoscaler.replay import DECISION_FIELDS as DECISION
+from autoscaler.replay import FLOAT_FIELDS as AGGREGATES
+from autoscaler.replay import LOGGED_PERCENTILES as PERCENTILES
+from autoscaler.replay import PERCENTILE_KINDS as HISTOGRAMS
 from autoscaler.replay import format_time
-
-PERCENTILES = (50.0, 90.0, 99.0)
-AGGREGATES = ("arrival_rate", "mean_prompt_tokens", "mean_output_tokens", "num_waiting", "num_running",
-              "kv_usage")
-HISTOGRAMS = ("ttft", "tpot", "itl")
-DECISION = ("desired_replicas", "active", "reason", "scale_error")
 
 
 def columns(trigger_names: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from autoscaler.expr import Formula
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.keda_schema import BEHAVIOR, KEDA_FIELDS, NUM, TRIGGERS
 from autoscaler.registry import PolicyType, register
+from autoscaler.replay import RESERVED_NAMES
 from autoscaler.yamlfile import Document
 
 
@@ -29,6 +30,9 @@ def _triggers(doc: Document) -> list[Trigger]:
         name = t.get("name") or f"s{i}"
         if name in seen:
             raise doc.error((i, "name"), f"duplicate trigger name {name!r}")
+        if name in RESERVED_NAMES:
+            raise doc.error((i, "name"), f"{name!r} is reserved: the decision log and replay series have a "
+                                         f"column of that name; reserved names: {', '.join(RESERVED_NAMES)}")
         seen.add(name)
         out.append(
             Trigger(
