@@ -25,6 +25,7 @@ from autoscaler.observation import Observation
 from autoscaler.policy import Policy
 from autoscaler.reconcile import ScaleError, Step, reconcile
 from controlplane.decision_log import DecisionLog
+from controlplane.source_health import SourceHealth, describe
 from controlplane.state import StateStore
 from controlplane.telemetry import Telemetry
 
@@ -52,7 +53,9 @@ class AutoscalerLoop:
         self.next_tick = 0.0  # wall time of the next reconcile
         self.last_step: Step | None = None
         self.last_obs: Observation | None = None
+        self.last_failures: dict[str, str] = {}  # metric -> error message, of the last tick
         self.lock = threading.Lock()
+        self.health = SourceHealth(self.name, describe(source))
         if state is not None:
             saved = state.load(self.name)
             if saved is not None:
@@ -68,15 +71,18 @@ class AutoscalerLoop:
         now = round(now, 3)
         started = time.perf_counter()
         current, ready = self.target.replicas()
+        crashed = None
         try:
             obs = self.source.observe(self.spec, now, current, ready)
         except Exception as exc:  # an unexpected source failure is an outage, never a zero
-            log.warning("%s: metric source failed: %s", self.name, exc)
+            crashed = f"{type(exc).__name__}: {exc}"
             obs = Observation(now, current, ready, errors=set(self.triggers) or {"source"})
         starting = getattr(self.target, "starting", None)
         if starting is not None:
             obs.starting_replicas = starting()
         step = reconcile(self.policy, obs, self.target)
+        self.last_failures = self.failures(obs, crashed)
+        self.health.update(self.last_failures, self.policy, step.desired, step.decision.reason)
         self.pending = None if step.applied else self._failed(step)
         self.last_obs, self.last_step = obs, step
         self._save(now, step.desired if step.applied else current)
@@ -84,6 +90,13 @@ class AutoscalerLoop:
             self.log.write(obs, step)
         self._report(obs, step, current, time.perf_counter() - started)
         return step
+
+    def failures(self, obs: Observation, crashed: str | None = None) -> dict[str, str]:
+        """Each metric that failed this tick, with the source's message for it."""
+        if crashed:
+            return {name: crashed for name in obs.errors}
+        said = getattr(self.source, "last_errors", {}) or {}
+        return {name: said.get(name, f"{name}: failed") for name in sorted(obs.errors)}
 
     def retry(self) -> bool:
         """Applies the scale that failed; True when it went through."""
@@ -188,10 +201,17 @@ class Controller:
                     return lp
         return None
 
+    def sources_down(self, polls: int) -> list[str]:
+        """Why each autoscaler whose source failed `polls` polls in a row or more counts as down."""
+        with self._lock:
+            loops = list(self.loops)
+        return [why for lp in loops if (why := lp.health.down(polls))]
+
     def run(self, stop: threading.Event) -> None:
         """Blocks until stop is set; the reconciles under way finish before it returns."""
         if self.telemetry is not None:
             self.telemetry.alive = lambda: self._thread_alive
+            self.telemetry.sources_down = self.sources_down
         self._thread_alive = True
         first_round = {id(lp) for lp in self.loops}
         if not first_round and self.telemetry is not None:

@@ -3,6 +3,8 @@
 Per autoscaler: desired, current and ready replicas, decisions by reason kind (the text before the
 first colon: `hpa`, `sloModel`, `hold`, ...), source errors by metric, scale errors, whether a
 fallback or a hold is in force, the reconcile duration and the time of the last successful one.
+/healthz: the scheduler runs. /readyz: the first round is done and no autoscaler's metric source has
+failed `down_after_polls` polls in a row (the reasons in the body; controlplane.source_health).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Telemetry:
                                   registry=r)
         self.ready_to_serve = threading.Event()  # set after the first round of reconciles
         self.alive = lambda: True  # replaced by the controller: is its scheduler running?
+        # replaced by the controller: why each autoscaler whose source failed n polls in a row is down
+        self.sources_down = lambda polls: []
+        self.down_after_polls = 3  # /readyz fails while a source has failed this many polls in a row
         self._server: WSGIServer | None = None
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
@@ -44,9 +49,12 @@ class Telemetry:
             path = environ.get("PATH_INFO", "")
             if path in ("/healthz", "/readyz"):
                 ok = self.alive() if path == "/healthz" else self.ready_to_serve.is_set() and self.alive()
+                down = self.sources_down(self.down_after_polls) if path == "/readyz" and ok else []
+                ok = ok and not down
                 status = "200 OK" if ok else "503 Service Unavailable"
                 start_response(status, [("Content-Type", "text/plain")])
-                return [b"ok\n" if ok else b"not ready\n"]
+                body = "ok\n" if ok else "not ready\n" + "".join(f"{why}\n" for why in down)
+                return [body.encode()]
             return metrics_app(environ, start_response)
 
         class Quiet(WSGIRequestHandler):

@@ -263,10 +263,11 @@ def test_spec_files_multi_document_auth_and_skipped_kinds(tmp_path):
 def test_control_once_and_errors_name_the_file(tmp_path, capsys):
     spec_file = tmp_path / "so.yaml"
     spec_file.write_text(KEDA.replace("{fallback}", ""))
-    # no Prometheus listens on port 9: the trigger fails, and without fallback the count is held
+    # no Prometheus listens on port 9: the trigger fails, and without fallback the count is held; --once
+    # then exits 1 (a source failed: tests/test_source_down.py)
     rc = main(["control", "--spec", str(spec_file), "--prometheus", "http://127.0.0.1:9", "--once",
                "--timeout", "0.5", "--decision-log", str(tmp_path / "d.csv")])
-    assert rc == 0
+    assert rc == 1
     assert "llama: desired 1 (keda: triggers failing, no fallback: no change" in capsys.readouterr().out
     assert "error" in (tmp_path / "d.csv").read_text().splitlines()[1]
     assert main(["control", "--spec", str(tmp_path / "missing.yaml"), "--once"]) == 2

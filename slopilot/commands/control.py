@@ -35,7 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else the spec's minimum)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the controller's /metrics, /healthz and /readyz on this port (0: a free one)")
-    p.add_argument("--once", action="store_true", help="one reconcile per autoscaler, then exit")
+    p.add_argument("--down-after-polls", type=int, default=3, metavar="N",
+                   help="/readyz answers 503 (with the reason) once a metric source failed N polls in a row")
+    p.add_argument("--once", action="store_true",
+                   help="one reconcile per autoscaler, then exit (status 1 when a metric source failed)")
     p.add_argument("--json-logs", action="store_true", help="log one JSON object per line")
     k = p.add_argument_group("Kubernetes (--kube)")
     k.add_argument("--kube", action="store_true",
@@ -91,12 +94,19 @@ def run(args: argparse.Namespace) -> int:
     several = len(loaded.specs) > 1
     loops = [build_loop(spec, settings, target_for, source, model, where=str(path), several=several,
                         state=saved, telemetry=telemetry) for spec, path in loaded.specs]
+    if args.down_after_polls < 1:
+        raise ValueError(f"--down-after-polls must be >= 1, got {args.down_after_polls}")
+    telemetry.down_after_polls = args.down_after_polls
     if args.once:
+        failed = False
         for lp in loops:
             step = lp.tick(time.time())
             print(f"{lp.name}: desired {step.desired} ({step.decision.reason})"
                   + (f"; scale failed: {step.error}" if step.error else ""))
-        return 0
+            for why in dict.fromkeys(lp.last_failures.values()):  # each message once
+                print(f"{lp.name}: metric source {lp.health.where} failed: {why}", file=sys.stderr)
+                failed = True
+        return 1 if failed else 0
     if args.metrics_port is not None:
         port = telemetry.serve(args.metrics_port)
         log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)
