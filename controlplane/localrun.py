@@ -63,6 +63,7 @@ class LocalRun:
         self._threads: list[threading.Thread] = []
         self.started = 0.0
         self.final_frame: str | None = None
+        self.metrics_port: int | None = None
 
     # -- start and stop --------------------------------------------------------------------------
     def start(self) -> LocalRun:
@@ -99,12 +100,24 @@ class LocalRun:
         view = PrometheusSource(self.prometheus.url, window=self.rate_window, override=True, aggregates="all")
         self.dashboard = Dashboard([self.loop], [view], title=cfg.name)
         self.started = time.time()
+        self.metrics_port = self.telemetry.serve(0, host="127.0.0.1")  # the controller's /metrics, probes
         self._thread(Controller([self.loop], telemetry=self.telemetry).run, self.stopping)
         if self.with_load and cfg.load is not None:
             entry = (lambda: [self.router.url]) if self.router is not None else self.fleet.endpoints
             self.load = LoadGenerator(cfg.load, entry)
             self._thread(self._run_load)
         return self
+
+    def urls(self) -> dict[str, str]:
+        """Where each part listens, once started: what `fleet up` prints."""
+        out = {"prometheus": self.prometheus.url}
+        if self.router is not None:
+            out["router"] = self.router.url
+        port = self.metrics_port
+        out["controller metrics"] = f"http://127.0.0.1:{port}/metrics (/healthz, /readyz)"
+        out["replicas"] = ", ".join(self.fleet.endpoints()) or "starting"
+        out["dashboard"] = f"this terminal, and {self.out / 'dashboard.txt'} at the end"
+        return out
 
     def _thread(self, fn, *args) -> None:
         t = threading.Thread(target=fn, args=args, daemon=True)
@@ -165,6 +178,8 @@ class LocalRun:
             self.fleet.stop()
         if self.prometheus is not None:
             self.prometheus.stop()
+        if self.metrics_port is not None:
+            self.telemetry.stop()
         if self.loop is not None and self.loop.log is not None:
             self.loop.log.close()
 

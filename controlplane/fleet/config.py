@@ -24,6 +24,7 @@ the FLEET.yaml's folder.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from autoscaler.yamlfile import Document, document, parse
 from controlplane.fleet.schema import FLEET
 from controlplane.loadgen import LoadSpec
 from controlplane.router.config import RouterConfig, load_router_config
+from simulator.latency import load_latency_model
 from simulator.scenario_schema import resolve
 
 RESERVED = {"host", "port", "emulate", "model", "drain_timeout"}  # serve flags the fleet sets itself
@@ -81,9 +83,13 @@ def _read(path: Path) -> Document:
     return parse(text, str(path))
 
 
-def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | None = None) -> FleetConfig:
+def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | None = None,
+                      engine_flags: set[str] | None = None, check_model: bool = False) -> FleetConfig:
     """A FleetConfig from a FLEET.yaml path, a mapping or a parsed Document; ValueError names file,
-    line and field; FileNotFoundError for a missing file."""
+    line and field; FileNotFoundError for a missing file. engine_flags: the `slopilot serve` flags
+    (underscored, no dashes) an `engine` key may name; None: not checked. check_model: load `emulate`'s
+    latency model now, so a wrong name is an error at its line (with the shipped models) rather than a
+    replica that fails to start."""
     name = "fleet"
     if isinstance(source, (dict, Document)):
         doc = document(source)
@@ -100,10 +106,20 @@ def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | Non
     for key in d.get("engine", {}):
         if key.replace("-", "_") in RESERVED:
             raise doc.error(("engine", key), "is set by the fleet (see its top-level fields)")
+        if engine_flags is not None and key.replace("-", "_") not in engine_flags:
+            close = difflib.get_close_matches(key.replace("-", "_"), sorted(engine_flags), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            allowed = ", ".join(sorted(engine_flags - RESERVED))
+            raise doc.error(("engine", key), f"is not a `slopilot serve` flag{hint}; allowed: {allowed}")
 
     emulate, model = d.get("emulate"), d.get("model")
     if emulate and ("/" in emulate or emulate.endswith(".json")):
         emulate = resolve(emulate, base)
+    if emulate and check_model:
+        try:
+            load_latency_model(emulate)
+        except (ValueError, OSError) as exc:
+            raise doc.error(("emulate",), str(exc)) from None
     if model and "/" in model:
         model = resolve(model, base)
     spec, spec_path = _autoscaler(doc, base)

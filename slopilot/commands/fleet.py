@@ -30,10 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--no-dashboard", action="store_true", help="print one line per scale instead")
 
 
+def serve_flags() -> set[str]:
+    """The flags `slopilot serve` takes (without dashes, underscores for hyphens): a fleet's engine keys."""
+    from slopilot.commands import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    flags = {o[2:].replace("-", "_") for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    return flags - {"help", "version"}
+
+
 def run(args: argparse.Namespace) -> int:
     from controlplane.fleet import load_fleet_config
 
-    cfg = load_fleet_config(args.fleet)
+    cfg = load_fleet_config(args.fleet, engine_flags=serve_flags(), check_model=True)
     return run_fleet(cfg, args.out, args.duration, not args.no_load, args.rate_window, not args.no_dashboard)
 
 
@@ -58,6 +68,8 @@ def run_fleet(cfg, out: str, duration: float | None, with_load: bool, rate_windo
     if duration is None and (not with_load or cfg.load is None):
         print("no load and no --duration: runs until Ctrl-C", file=sys.stderr)
     with run:
+        for part, url in run.urls().items():
+            print(f"  {part}: {url}", file=sys.stderr, flush=True)
         if dashboard and sys.stdout.isatty():
             with Live(run.dashboard.render(), refresh_per_second=1, transient=False) as live:
                 def tick():
