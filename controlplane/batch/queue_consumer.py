@@ -20,6 +20,12 @@ and acknowledged once. The request itself may then reach an engine twice (at-lea
 Requests go to the router with `x-slopilot-priority` set to its batch band, so its gate holds them
 under that band's saturation level, behind interactive traffic; a transient refusal (429, 503, a lost
 connection) is retried with backoff until the request's deadline.
+
+Another queue (a design note, not built): Google Pub/Sub fits the same loop with a pull
+subscription: a message's ack deadline plays the part of the pending entry (extended while its
+request runs, `modify_ack_deadline`), the result is published to the topic the message's attributes
+name, and the ack follows the publish's confirmation; Pub/Sub offers no transaction across the two,
+so a consumer killed between them leaves a duplicate result, detectable by the request's id.
 """
 
 from __future__ import annotations

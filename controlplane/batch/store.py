@@ -11,6 +11,13 @@ process killed at any point leaves each line either pending (sent again after re
 once. WAL with synchronous=NORMAL survives a killed process (SIGKILL); `durable=True` (synchronous=
 FULL) also survives a power loss, at an fsync per commit. One connection, shared under a lock: the
 event loop uses it for short reads and writes, worker threads for the long ones, in chunks.
+
+PostgreSQL (a design note, not built): this class is the only code that speaks SQL, and its
+statements are plain SQL apart from `INSERT` ids and `BEGIN IMMEDIATE`; a Store over psycopg 3 with a
+`postgresql://` DSN in place of the state dir would keep the same methods (BYTEA for content, JSONB
+for the batch object, `SELECT ... FOR UPDATE` in update_batch, the same one-transaction rules), and
+several routers could then share it if each claimed lines (`UPDATE ... SET owner` with `SKIP LOCKED`)
+rather than reading every pending one as the single router here does.
 """
 
 from __future__ import annotations
