@@ -9,7 +9,8 @@ A new batch is `validating` until the runner has read its file into per-line row
 `in_progress`, `finalizing` while its output and error files are written, then `completed`; or
 `failed` (no line could be sent), `expired` (its window passed first), `cancelling` then `cancelled`.
 `completion_window` is "24h" at OpenAI; a shorter duration ("90s", "30m", "2h") is taken too, for
-deadline-driven tests and short jobs.
+deadline-driven tests and short jobs. GET of a running batch adds `slopilot_outlook`
+({deadline_slack_seconds, at_risk}): whether its window can still be met at the current answer rate.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def new_batch(file_id: str, endpoint: str, window: str, seconds: float, metadata
 
 
 class BatchesApi:
-    def __init__(self, store: Store, runner, clock=time.time):
-        self.store, self.runner, self.clock = store, runner, clock
+    def __init__(self, store: Store, runner, clock=time.time, slacks=None):
+        """slacks(now) -> {batch id: seconds to spare} (the metrics'), for the outlook of GET."""
+        self.store, self.runner, self.clock, self.slacks = store, runner, clock, slacks
 
     async def handle(self, req: Request, conn: Connection, rest: list[str]) -> None:
         m = req.method
@@ -72,7 +74,9 @@ class BatchesApi:
                 return self.list(req, conn)
         elif len(rest) == 1 and m == "GET":
             doc = self.store.get_batch(rest[0])
-            return reply(conn, 200, doc) if doc else fail(conn, 404, f"No such Batch object: {rest[0]}", "id")
+            if doc is None:
+                return fail(conn, 404, f"No such Batch object: {rest[0]}", "id")
+            return reply(conn, 200, self.with_outlook(doc))
         elif len(rest) == 2 and rest[1] == "cancel" and m == "POST":
             return self.cancel(rest[0], conn)
         return fail(conn, 405 if len(rest) <= 2 else 404, f"{m} is not allowed on {req.path}")
@@ -109,6 +113,15 @@ class BatchesApi:
         self.store.add_batch(doc)
         self.runner.wake()
         reply(conn, 200, doc)
+
+    def with_outlook(self, doc: dict) -> dict:
+        """A running batch's object with `slopilot_outlook` (not OpenAI's; clients ignore it): its time
+        to spare at the current answer rate and whether its window will be missed at that rate."""
+        if doc["status"] in ("in_progress", "cancelling") and self.slacks is not None:
+            slack = self.slacks(self.clock()).get(doc["id"])
+            if slack is not None:
+                doc["slopilot_outlook"] = {"deadline_slack_seconds": round(slack, 1), "at_risk": slack < 0}
+        return doc
 
     def list(self, req: Request, conn: Connection) -> None:
         q = query(req.query)

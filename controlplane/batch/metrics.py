@@ -88,16 +88,24 @@ class BatchMetrics:
                                  "Seconds to the earliest deadline of a batch with lines left")
         left.add_metric([], min(b[1] for b in backlog) - now)
         yield left
-        rate = self.rate(now)
-        if rate > 0:
-            slacks, ahead = [], 0
-            for b in sorted(backlog, key=lambda b: b[1]):  # earliest deadline first: each waits for those
-                ahead += b[2]
-                slacks.append(b[1] - now - ahead / rate)
+        slacks = self.slacks(now, backlog)
+        if slacks:
             slack = GaugeMetricFamily("slopilot_batch_deadline_slack_seconds", "Least time to spare over "
                                       "running batches at the last minute's answer rate")
-            slack.add_metric([], min(slacks))
+            slack.add_metric([], min(slacks.values()))
             risk = GaugeMetricFamily("slopilot_batch_at_risk_batches", "Batches that will miss their window "
                                      "at the last minute's answer rate")
-            risk.add_metric([], sum(1 for s in slacks if s < 0))
+            risk.add_metric([], sum(1 for v in slacks.values() if v < 0))
             yield from (slack, risk)
+
+    def slacks(self, now: float, backlog: list[tuple] | None = None) -> dict[str, float]:
+        """Each running batch's time to spare: time to its deadline less the time the lines up to its
+        own (earliest deadline first) take at the last minute's answer rate; {} before any answer."""
+        rate = self.rate(now)
+        if rate <= 0:
+            return {}
+        out, ahead = {}, 0
+        for b in sorted(self.store.backlog() if backlog is None else backlog, key=lambda b: b[1]):
+            ahead += b[2]
+            out[b[0]] = b[1] - now - ahead / rate
+        return out

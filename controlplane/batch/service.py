@@ -53,7 +53,7 @@ class BatchService:
         self.runner = BatchRunner(self.store, st.gate, st.reader, lambda: st.upstream, headers, self.metrics,
                                   max_inflight)
         self.files = FilesApi(self.store, max_file_bytes, max_file_lines)
-        self.batches = BatchesApi(self.store, self.runner)
+        self.batches = BatchesApi(self.store, self.runner, slacks=self.metrics.slacks)
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
 

@@ -175,6 +175,8 @@ def test_earliest_deadline_first(emulated_servers, tmp_path):
         late_then = c.batches.retrieve(late.id)
         assert soon.status == "completed"
         assert late_then.status == "in_progress" and late_then.request_counts.completed < 40
+        outlook = late_then.model_extra["slopilot_outlook"]  # time to spare at the current rate
+        assert outlook["at_risk"] is False and 80_000 < outlook["deadline_slack_seconds"] < 86_400
         assert wait_done(c, late.id).status == "completed"
 
 
