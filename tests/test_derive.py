@@ -368,3 +368,15 @@ def test_plan_answers_the_gpu_question_in_under_5_minutes(shared_data, tmp_path,
     assert took < 300, took
     answer = json.loads((tmp_path / "plan.json").read_text())["answer"]["text"]
     assert "held-out MAPE" in answer and "held-out MAPE" in out and "12 candidates" in out
+
+
+def test_serve_emulate_takes_a_derived_model_and_its_kv_cache():
+    from engine.args import EngineArgs
+    from slopilot.commands.serve import emulated_kv
+
+    lm = load_latency_model("llama-3.1-8b@l40s-tp1-fp8")
+    args = emulated_kv(EngineArgs(block_size=16), lm)
+    assert args.num_kv_blocks == lm.provenance["derived"]["memory"]["kv_tokens"] // 16
+    assert emulated_kv(EngineArgs(num_kv_blocks=64), lm).num_kv_blocks == 64  # the flag wins
+    fitted = load_latency_model("h100-llama2-70b-tp4")
+    assert emulated_kv(EngineArgs(), fitted).num_kv_blocks is None  # a fitted model: as before

@@ -60,8 +60,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cli_args(p, real_only="real mode only")
 
 
-def run(args: argparse.Namespace) -> int:
+def emulated_kv(engine_args, latency):
+    """A derived model's KV cache (what its GPUs' memory leaves) unless --num-kv-blocks is given."""
     import dataclasses
+
+    derived = latency.provenance.get("derived")
+    if not derived or engine_args.num_kv_blocks is not None:
+        return engine_args
+    blocks = derived["memory"]["kv_tokens"] // engine_args.block_size
+    return dataclasses.replace(engine_args, num_kv_blocks=max(int(blocks), 1))
+
+
+def run(args: argparse.Namespace) -> int:
     import logging
 
     from engine.args import from_cli
@@ -80,10 +90,7 @@ def run(args: argparse.Namespace) -> int:
         from simulator.latency import load_latency_model
 
         latency = load_latency_model(args.emulate)
-        derived = latency.provenance.get("derived")
-        if derived and engine_args.num_kv_blocks is None:  # the KV cache its GPUs' memory leaves
-            blocks = derived["memory"]["kv_tokens"] // engine_args.block_size
-            engine_args = dataclasses.replace(engine_args, num_kv_blocks=max(int(blocks), 1))
+        engine_args = emulated_kv(engine_args, latency)
     engine, name = build_engine(engine_args, latency)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
