@@ -12,6 +12,7 @@ step's wall time minus the timed parts. --torch-profile also prints torch.profil
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import sys
@@ -19,12 +20,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+importlib.import_module("engine")  # before torch loads: importing engine sets OpenMP's wait policy
+
+import torch  # noqa: E402
 from bench_models import model_dir  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402

@@ -18,12 +18,21 @@ With --vllm it runs ours (attention backend auto) and real vLLM (its defaults bu
 and the dtype) on those three workloads, per --dtypes, interleaved, and prints medians and ours/vLLM:
 
     .venv/bin/python bench/engine_throughput.py --vllm --dtypes float32,bfloat16 --repeats 3 [--json F]
+
+With --sizes (tiny, 80m, 400m: random Llamas of bench/bench_models.py) it runs ours and vLLM on
+W1 (64 x 100 -> 32), W2 (256 x 100 -> 128) and the Azure mix, per size and dtype, each run in a
+process of its own, the two engines' order alternating between repeats; it prints medians, ours/vLLM
+and the load average of each run:
+
+    .venv/bin/python bench/engine_throughput.py --sizes tiny,80m --workloads W1,W2 \
+        --dtypes float32,bfloat16 --repeats 3 [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import os
 import random
@@ -34,10 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+importlib.import_module("engine")  # before torch loads: importing engine sets OpenMP's wait policy
+
+import torch  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 
@@ -176,13 +187,18 @@ def compare_backends(backends: list[str], dtypes: list[str], repeats: int, seed:
 
 
 def run_vllm(model_dir: str, runs: list[dict], dtype: str, repeats: int, llm_kwargs: dict | None = None,
-             seed: int = 0) -> dict:
+             seed: int = 0, kv_gib: int = 1) -> dict:
     """Real vLLM on the same model directory, in its own environment: runs are {"name", "prompts",
-    "outputs", "max_num_seqs"}; returns bench/vllm_throughput.py's JSON (tok/s per run name)."""
+    "outputs", "max_num_seqs"}; returns bench/vllm_throughput.py's JSON (tok/s per run name).
+    vLLM runs with its own OpenMP settings: the wait policy importing engine set here is dropped."""
+    from engine import threads
+
     cache = ROOT / "build" / "vllm-cache"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    if threads.set_here:
+        env.pop("OMP_WAIT_POLICY", None)
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
-               TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
+               TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE=str(kv_gib),
                HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")
     spec = {"model": model_dir, "dtype": dtype, "repeats": repeats, "runs": runs,
             "warmup": warmup_prompts(seed), "llm": llm_kwargs or {}}
@@ -300,11 +316,26 @@ def main() -> None:
     ap.add_argument("--limit", type=int, help="with --vllm: only the first LIMIT requests of each workload")
     ap.add_argument("--json", help="with --vllm: write the runs and medians to this file")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--sizes", help="ours against vLLM on random models of these sizes (tiny, 80m, 400m), "
+                    "workloads W1, W2, azure (--workloads filters), per --dtypes, each run its own process")
+    ap.add_argument("--ours-once", metavar="SPEC", help=argparse.SUPPRESS)  # a child run of --sizes
     ap.add_argument("--profile-decode", type=int, metavar="STEPS",
                     help="with --backends: cProfile this many decode steps of 256 sequences per backend")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.ours_once or args.sizes:
+        import engine_sizes
+
+        if args.ours_once:
+            engine_sizes.ours_child(args.ours_once)
+            return
+        if not VLLM_PY.exists():
+            sys.exit(f"--sizes needs {VLLM_PY} (`make vllm` builds it)")
+        engine_sizes.compare(args.sizes.split(","), args.dtypes.split(","),
+                             args.workloads.split(",") if args.workloads else ["W1", "W2", "azure"],
+                             args.repeats, args.seed, args.json, args.threads)
+        return
     if args.backends and args.profile_decode:
         profile_decode(args.backends.split(","), args.dtypes.split(",")[0], args.profile_decode, args.seed)
         return

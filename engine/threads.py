@@ -19,13 +19,16 @@ import os
 import sys
 
 WAIT_POLICY = "PASSIVE"
+set_here = False  # whether configure_openmp put the policy in this process's environment
 
 
 def configure_openmp() -> bool:
     """Sets the passive wait policy for OpenMP if torch is not loaded yet and the user chose none;
     True when the policy in force (or to come) is passive."""
+    global set_here
     if "torch" not in sys.modules and not os.environ.get("OMP_WAIT_POLICY"):
         os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+        set_here = True
     return not spinning_openmp()
 
 
