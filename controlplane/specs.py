@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.lint import spec_warnings
 from autoscaler.spec import Spec, load_spec
 from autoscaler.yamlfile import parse
 from controlplane.state import name_problem
@@ -70,6 +71,7 @@ def load(paths: list[str | Path]) -> Loaded:
                 if problem is not None:  # before anything makes a path of it
                     raise doc.error(("metadata", "name"), problem)
                 got.specs.append((load_spec(doc, str(path)), path))
+                got.warnings += spec_warnings(doc)  # likely unit and placement mistakes (autoscaler.lint)
             elif kind in ("TriggerAuthentication", "ClusterTriggerAuthentication"):
                 got.trigger_auths[meta.get("name", "")] = data
             elif kind == "Secret":

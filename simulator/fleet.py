@@ -27,7 +27,7 @@ from simulator.router import Router
 from simulator.scenario import PoolSpec, Scenario
 from simulator.scrape import scrape_process
 from simulator.steptime import PS, StepTimer, seconds, to_ps
-from simulator.timeline import progress_bar, timeline_process
+from simulator.timeline import progress_for, timeline_process
 from simulator.tokens import prompt_token_ids
 from simulator.workload import Workload
 
@@ -259,7 +259,7 @@ class Fleet:
             env.process(self._flow_pump())
         for pool in self.pools:
             env.process(autoscaler_process(self, pool))
-        bar = progress_bar(self.horizon) if self.progress else None
+        bar = progress_for(self, self.progress)
         env.process(timeline_process(self, bar))
         try:
             env.run(until=self.end_ps if self.end_ps > 0 else 1)

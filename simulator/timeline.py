@@ -1,6 +1,10 @@
-"""The run's timeline (one row per pool every timeline interval) and the progress bar it drives."""
+"""The run's timeline (one row per pool every timeline interval) and the progress it drives: a bar on
+a terminal, else (a log, CI) a line every 30 s with simulated time, requests and the ETA."""
 
 from __future__ import annotations
+
+import sys
+import time
 
 import numpy as np
 
@@ -52,3 +56,34 @@ def progress_bar(total: int):
     )
     progress.start()
     return progress, progress.add_task("sim", total=total)
+
+
+class ProgressLines:
+    """Off a terminal: one line on stderr every `every` wall seconds (the bar's update/stop interface)."""
+
+    def __init__(self, fleet, total: int, every: float = 30.0, clock=time.monotonic, out=None):
+        self.fleet, self.total, self.every, self.clock = fleet, total, every, clock
+        self.out = out or sys.stderr
+        self.start = self.last = clock()
+
+    def update(self, _task, completed: int) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        done = completed / self.total if self.total else 1.0
+        elapsed = now - self.start
+        eta = f"ETA {elapsed * (1 - done) / done:.0f} s" if done > 0 else "ETA unknown"
+        print(f"simulated {seconds(completed):,.0f} of {seconds(self.total):,.0f} s ({100 * done:.0f}%), "
+              f"{self.fleet.arrived:,} requests arrived, {elapsed:.0f} s elapsed, {eta}", file=self.out,
+              flush=True)
+
+    def stop(self) -> None:
+        pass
+
+
+def progress_for(fleet, mode) -> tuple | None:
+    """(bar, task) for timeline_process: a rich bar (mode True or "bar"), lines ("lines"), or None."""
+    if mode == "lines":
+        return ProgressLines(fleet, fleet.horizon), None
+    return progress_bar(fleet.horizon) if mode else None

@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "slopilot.commands.plan",
     "compare": "slopilot.commands.compare",
     "models": "slopilot.commands.models",
+    "lint": "slopilot.commands.lint",
 }
 
 

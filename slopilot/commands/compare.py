@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--capacity-duration must be in (0, 86400] s, got {args.capacity_duration}")
     runner = make_runner(args.workers, args.ray)
     try:
-        with SweepProgress(not args.no_progress and sys.stderr.isatty()) as progress:
+        show = False if args.no_progress else True if sys.stderr.isatty() else "lines"
+        with SweepProgress(show) as progress:
             result = run_compare(args.scenario, args.spec, runner, args.duration, args.seed,
                                  args.capacity_duration or SEARCH_DEFAULTS["duration"], not args.no_bounds,
                                  progress)

@@ -39,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     plan = load_plan(args.plan)
+    from simulator.lint import lint_file
+
+    for w in lint_file(args.plan):
+        print(f"warning: {w}", file=sys.stderr)
     runner = make_runner(args.workers, args.ray)
     try:
-        with SweepProgress(not args.no_progress and sys.stderr.isatty()) as progress:
+        show = False if args.no_progress else True if sys.stderr.isatty() else "lines"
+        with SweepProgress(show) as progress:
             result = run_plan(plan, runner, progress)
     finally:
         runner.close()

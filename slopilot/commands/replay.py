@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         text = str(exc)
         raise ValueError(text if text.startswith(str(spec_path)) else f"{spec_path}: {text}") from None
+    from autoscaler.lint import spec_warnings
+    from autoscaler.yamlfile import parse
+
+    for w in spec_warnings(parse(spec_path.read_text(), str(spec_path))):
+        print(f"warning: {w}", file=sys.stderr)
     if args.interval is not None:
         interval = check_interval(args.interval, "--interval")
     else:

@@ -50,18 +50,21 @@ def export_series(store, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from simulator.lint import lint_file
     from simulator.metrics import keep_all_samples
     from simulator.report import slos_missed, summary_lines
     from simulator.run import simulate
     from simulator.scenario import load_scenario
 
     sc = load_scenario(args.scenario, duration=args.duration)
+    for w in lint_file(args.scenario):
+        print(f"warning: {w}", file=sys.stderr)
     with keep_all_samples() if args.export_series else contextlib.nullcontext():
         res = simulate(
             sc,
             args.out,
             seed=args.seed,
-            progress=not args.no_progress and sys.stderr.isatty(),
+            progress=False if args.no_progress else "bar" if sys.stderr.isatty() else "lines",
             fast=not args.step_by_step,
             plots=not args.no_plots,
         )
