@@ -33,8 +33,8 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
         return 0, False
     limit = max_len = sched.max_model_len
     for s in running:
-        if len(s.token_ids) - s.num_computed_tokens != 1:
-            return 0, False  # a prefill (chunk) is pending
+        if len(s.token_ids) - s.num_computed_tokens != 1 or s.num_computed_tokens < s.num_prompt_tokens:
+            return 0, False  # a prefill (chunk) is pending, a last prompt token included
         left = length_left(s, max_len)
         if left < limit:
             limit = left

@@ -21,6 +21,7 @@ from simulator.flow import GatewayQueue, pump
 from simulator.frontend import draw_ms
 from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
+from simulator.pd import PDService
 from simulator.replica import Replica
 from simulator.requests import RequestLog, SimSequence
 from simulator.router import Router
@@ -121,6 +122,7 @@ class Fleet:
         )
         self.horizon = self.end_ps + (to_ps(scenario.max_drain) if scenario.drain_after_end else 0)
         self.arrived = 0
+        self.pd = PDService(self, scenario.pd) if scenario.pd is not None else None
 
     # -- replicas ------------------------------------------------------------------------------
     def _new_replica(self, pool: Pool, immediate: bool = False) -> Replica:
@@ -162,6 +164,8 @@ class Fleet:
         backlog, self.backlog = self.backlog, []
         for seq in backlog:
             self.route(seq)
+        if self.pd is not None and self.pd.waiting:
+            self.pd.admit()
         if self.flow is not None:
             self.pump()
 
@@ -170,6 +174,8 @@ class Fleet:
         self.store.forget((rep.pool.index, rep.id))
 
     def on_finish(self, rep: Replica, seq: SimSequence) -> None:
+        if self.pd is not None and self.pd.on_finish(rep, seq):
+            return  # a prefill hop: its request goes on to a decode replica
         self.requests.finished(seq)
 
     # -- requests ------------------------------------------------------------------------------
@@ -186,6 +192,8 @@ class Fleet:
     def route(self, seq: SimSequence) -> None:
         if self.flow is not None:
             return self.hold(seq)
+        if self.pd is not None:
+            return self.pd.route(seq)
         if not self.ready:
             self.backlog.append(seq)
             return

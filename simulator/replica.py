@@ -42,10 +42,12 @@ class Replica:
         self.ready_at: int | None = None
         self.gone_at: int | None = None
         self.outstanding = 0
+        self.reserved = 0  # P/D: KV reservations whose transfer is still on its way (simulator.pd)
         self.busy_ps = 0  # time spent stepping (utilisation)
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
         self._ff: tuple | None = None  # the stretch in progress: (t0, a, b, c0, num_seqs, steps, seqs)
+        self._grow: tuple | None = None  # the same, kept after a cut until its blocks are taken
         self.wakeup_ps = int(round(spec.wakeup_ms * 1e9))
         self.proc: simpy.Process | None = None
 
@@ -64,15 +66,20 @@ class Replica:
 
     def kv_usage_now(self) -> float:
         """KV usage at this instant, counting blocks the running fast-forward has grown into."""
-        if self._ff is None:
+        if self._ff is None:  # (after a cut, what the stretch grew into is left out, as before P/D)
             return self.bm.usage
-        t0, a, b, c0, n, steps, seqs = self._ff
+        return min(1.0, self.bm.usage + self.ff_extra_blocks() / self.bm.num_blocks)
+
+    def ff_extra_blocks(self) -> int:
+        """Blocks the running fast-forward has grown into by now, not yet taken from the manager."""
+        if self._grow is None:
+            return 0
+        t0, a, b, c0, n, steps, seqs = self._grow
         started = min(
             steps, steps_reaching(a, b, c0, n, self.env.now - t0 + 1)
         )  # blocks grow at a step's start
         bs = self.bm.block_size
-        extra = sum(max(0, -(-(s.num_computed_tokens + started) // bs) - len(s.block_table)) for s in seqs)
-        return min(1.0, self.bm.usage + max(extra, 0) / self.bm.num_blocks)
+        return sum(max(0, -(-(s.num_computed_tokens + started) // bs) - len(s.block_table)) for s in seqs)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, delay_ps: int) -> None:
@@ -92,9 +99,18 @@ class Replica:
         self.sched.add(seq)
         self.outstanding += 1
         self.metrics.inc("arrivals")
+        self.poke()
+
+    def poke(self) -> None:
+        """Something changed for the next step (an arrival, a P/D request or reservation): wake up,
+        or cut the decode stretch in progress at the step in progress."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-        elif self._ff is not None:
+        else:
+            self.cut_stretch()
+
+    def cut_stretch(self) -> None:
+        if self._ff is not None:
             self._ff = None  # one interrupt ends the stretch; later arrivals just queue
             self.proc.interrupt("arrival")
 
@@ -114,7 +130,7 @@ class Replica:
         was = self.state
         self.state = "failed"
         self.gone_at = self.env.now
-        self._ff = None
+        self._ff = self._grow = None
         seqs = list(self.sched.running) + list(self.sched.waiting)
         if self.proc is not None and self.proc.is_alive and self.proc is not self.env.active_process:
             self.proc.interrupt("fail" if was != "provisioning" else "cancel")
@@ -125,7 +141,7 @@ class Replica:
         env, sched = self.env, self.sched
         while True:
             if not sched.has_unfinished():
-                if self.state == "draining":
+                if self.state == "draining" and not self.reserved:  # a reserved P/D request is on its way
                     self.state = "gone"
                     self.gone_at = env.now
                     self.fleet.on_gone(self)
@@ -195,7 +211,7 @@ class Replica:
         dc = sum(s.num_computed_tokens for s in seqs) + ds
         a, b = self.timer.coeffs(0, 0, ds, 0)
         t0 = env.now
-        self._ff = (t0, a, b, dc, ds, steps, seqs)
+        self._ff = self._grow = (t0, a, b, dc, ds, steps, seqs)
         try:
             yield env.timeout(sum_steps(a, b, dc, ds, steps))
         except simpy.Interrupt as intr:
@@ -207,7 +223,7 @@ class Replica:
             rest = t0 + sum_steps(a, b, dc, ds, steps) - env.now
             if rest > 0:
                 yield env.timeout(rest)
-        self._ff = None
+        self._ff = self._grow = None
         advance_decodes(self.bm, seqs, steps, SAMPLED_TOKEN)
         # step j lasts a + b*(dc + ds*j): the inter-token time of each of the ds sequences
         self.metrics.observe_arithmetic(

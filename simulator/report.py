@@ -188,6 +188,7 @@ def summarize(fleet) -> dict:
         "output_tokens_per_s": float(req["output_tokens"][ok].sum()) / span if span > 0 else None,
         "latency": {k: _pcts(req[k][arrived & ok]) for k in ("ttft", "tpot", "e2e", "queue")},
         "pools": pools,
+        **({"pd": fleet.pd.summary()} if getattr(fleet, "pd", None) is not None else {}),
         "replica_hours": sum(p["replica_hours"] for p in pools.values()),
         "cost": sum(p["cost"] for p in pools.values()),
         "costs": fleet_cost(fleet.pools, pools, fleet.end_ps, fleet.end_time_ps, sc.currency,

@@ -24,6 +24,7 @@ from simulator.dists import Dist
 from simulator.flow import Band, SaturationDetector
 from simulator.frontend import frontend_from_provenance
 from simulator.latency.loader import is_derived, model_ref
+from simulator.pd_spec import PDSpec, pd_config
 from simulator.promql import PromQLError, compile_query
 from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.router import Router
@@ -110,6 +111,7 @@ class Scenario:
     currency: str = "USD"  # of the pools' cost_per_hour, for the report
     rules: list[RuleGroup] = field(default_factory=list)  # Prometheus recording rules
     evaluation_interval: float = 60.0  # Prometheus' default global evaluation_interval
+    pd: PDSpec | None = None  # a disaggregated service over two of the pools (simulator.pd)
 
 
 def _given(data: dict, fields: dict) -> dict:
@@ -172,6 +174,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         rules=_rules(doc.at("metrics"), base) if "metrics" in d else [],
         **_given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),
         **_given(sections["drain"], {"enabled": ("drain_after_end", bool), "max": ("max_drain", float)}),
+        pd=pd_config(doc.at("pd"), pools, doc) if "pd" in d else None,
     )
     if sc.warmup and sc.duration is not None and sc.warmup >= sc.duration:
         raise doc.error(("warmup",), f"must be below the duration ({sc.duration:g} s), got {sc.warmup:g}")

@@ -15,6 +15,7 @@ from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from simulator.dists import Dist, parse_dist
 from simulator.latency.loader import LATENCY_MODEL_SCHEMA
+from simulator.pd_spec import PD_SCHEMA
 from simulator.pickers import POLICY_NAMES
 from simulator.scenario_limits import (
     MAX_BLOCK_SIZE,
@@ -259,6 +260,7 @@ SCENARIO = mapping(
         "pools": {"type": "array", "minItems": 1, "items": POOL},
         "router": ROUTER,
         "autoscaler": AUTOSCALER,  # for every pool that has none of its own
+        "pd": PD_SCHEMA,  # a prefill pool and a decode pool joined by a KV link (simulator.pd_spec)
         "slo": mapping({name: SLO for name in SLO_NAMES}),
         "metrics": mapping(
             {

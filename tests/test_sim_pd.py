@@ -1,0 +1,132 @@
+"""The simulator's P/D service (simulator.pd): hand arithmetic, decode admission, fast path identity."""
+
+import numpy as np
+import pytest
+
+from simulator.fleet import Fleet
+from simulator.report import summarize
+from simulator.run import build_workload
+from simulator.scenario import load_scenario
+from simulator.steptime import PS, AffineStepModel, to_ps
+from simulator.workload import Workload
+
+STUB = AffineStepModel(8.0, 0.03, 0.3, 0.002)
+KVB = 327680.0  # Llama-70B's K and V per token in bf16: 80 layers x 2 x 8 heads x 128 x 2 bytes
+
+
+def _scenario(prefill=1, decode=1, decode_blocks=4000, threshold=256, duration=None, **extra):
+    pool = {"latency_model": "stub", "max_num_batched_tokens": 4096, "prefix_caching": False}
+    sc = {
+        "seed": 3,
+        "workload": {"arrivals": {"process": "gamma", "cv": 2.0, "rate": 4},
+                     "prompt_tokens": {"dist": "lognormal", "mean": 1500, "median": 1000, "max": 6000},
+                     "output_tokens": {"dist": "lognormal", "mean": 150, "median": 80, "max": 600}},
+        "duration": duration or 60,
+        "pools": [{**pool, "name": "prefill", "replicas": prefill, "kv_blocks": 4000},
+                  {**pool, "name": "decode", "replicas": decode, "kv_blocks": decode_blocks}],
+        "router": {"policy": "round_robin"},
+        "pd": {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": threshold,
+               "link": {"bandwidth_gbs": 25, "latency_ms": 2}, "kv_bytes_per_token": KVB},
+        **extra,
+    }
+    return load_scenario(sc)
+
+
+def _run(sc, wl, fast=True):
+    f = Fleet(sc, wl, fast=fast, models={"stub": STUB})
+    f.run()
+    return f
+
+
+def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
+    sc = _scenario()
+    p, out = 2000, 10
+    f = _run(sc, Workload(np.array([1.0]), np.array([p]), np.array([out])))
+    timer = f.pools[0].timer
+    a, b = timer.coeffs(p, p, 0, 1)  # the whole prompt in one prefill step
+    prefill = a
+    transfer = to_ps(0.002 + p * KVB / 25e9)
+    a1, b1 = timer.coeffs(1, p, 0, 1)  # the decode side recomputes the last prompt token
+    first = a1
+    ttft = (f.requests.first_token[0] - f.arrival_ps[0]) / PS
+    assert ttft == pytest.approx((prefill + transfer + first) / PS, abs=1e-9)
+    assert ttft > 0.002 + p * KVB / 25e9  # the 26 ms transfer is in it
+    t = f.pd.table()
+    assert t["disaggregated"][0]
+    assert t["transfer"][0] == pytest.approx(0.002 + p * KVB / 25e9, abs=1e-9)
+    assert t["admission_wait"][0] == 0.0
+    assert t["prefill_queue"][0] == 0.0
+    assert f.requests.pool[0] == 1 and f.requests.generated[0] == out  # decoded on the decode pool
+    # the rest decode on the decode replica: out - 1 plain decode steps of one sequence
+    a2, b2 = timer.coeffs(0, 0, 1, 0)
+    rest = sum(a2 + b2 * (p + k) for k in range(1, out))  # step k attends over p + k tokens
+    assert (f.requests.finish[0] - f.requests.first_token[0]) == rest
+    # the prefill replica saw one max_tokens=1 request; the decode replica the decode hop
+    pre, dec = f.pools[0].replicas[0], f.pools[1].replicas[0]
+    assert pre.metrics.v[0] == 1 and dec.metrics.v[0] == 1
+    s = summarize(f)
+    assert s["pd"]["disaggregated"] == 1 and s["pd"]["kv_transfer_bytes"] == p * KVB
+
+
+def test_short_prompt_goes_whole_to_decode():
+    sc = _scenario(threshold=256)
+    f = _run(sc, Workload(np.array([1.0]), np.array([200]), np.array([5])))
+    assert not f.pd.disaggregated[0]
+    assert f.requests.pool[0] == 1
+    assert f.pools[0].replicas[0].metrics.v[0] == 0  # the prefill pool never saw it
+    ttft = (f.requests.first_token[0] - f.arrival_ps[0])
+    assert ttft == f.pools[1].timer.coeffs(200, 200, 0, 1)[0]
+
+
+def test_full_decode_pool_makes_prefilled_requests_wait():
+    # the decode replica's KV holds ~2 of these requests: the third prefilled one must wait
+    sc = _scenario(decode_blocks=300, threshold=0)
+    n = 4
+    wl = Workload(np.arange(n) * 0.01, np.full(n, 2000), np.full(n, 200))
+    f = _run(sc, wl)
+    t = f.pd.table()
+    assert (f.requests.status == 1).all()
+    wait = t["admission_wait"]
+    assert wait[0] == 0.0 and wait.max() > 1.0  # it waited for a decode request to finish and free blocks
+    # it was admitted when the first decode finished (its blocks freed), not before
+    waited = int(np.argmax(wait))
+    assert f.pd.reserved[waited] >= f.requests.finish.min()
+    assert summarize(f)["pd"]["admission_wait"]["max"] == pytest.approx(wait.max())
+    assert max(r.max_usage for r in f.pools[1].replicas) <= 1.0
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_fast_path_equals_stepping_for_pd(caching):
+    sc = _scenario(prefill=2, decode=2, decode_blocks=900, threshold=512)
+    for p in sc.pools:
+        p.prefix_caching = caching
+    wl = build_workload(sc, 3)
+    fast, slow = _run(sc, wl, True), _run(sc, wl, False)
+    for name in ("first_sched", "first_token", "finish", "cached", "generated", "preemptions", "status",
+                 "replica"):
+        np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name),
+                                      err_msg=name)
+    for k in ("prefill_sched", "prefilled", "reserved", "transferred"):
+        np.testing.assert_array_equal(getattr(fast.pd, k), getattr(slow.pd, k), err_msg=k)
+    assert fast.pd.disaggregated.sum() > 20 and (~fast.pd.disaggregated).sum() > 5
+    assert np.nanmax(fast.pd.table()["admission_wait"]) > 0  # the hard case: reservations mid-stretch
+    assert (fast.requests.status == 1).all()
+
+
+def test_bad_pd_sections_name_the_field():
+    with pytest.raises(ValueError, match="pd.decode_pool.*no pool named 'nope'"):
+        _scenario(pd={"prefill_pool": "prefill", "decode_pool": "nope", "link": {"bandwidth_gbs": 1},
+                      "kv_bytes_per_token": 1})
+    with pytest.raises(ValueError, match="kv_bytes_per_token.*is required"):
+        _scenario(pd={"prefill_pool": "prefill", "decode_pool": "decode", "link": {"bandwidth_gbs": 1}})
+    with pytest.raises(ValueError, match="bandwidth_gbs"):
+        _scenario(pd={"prefill_pool": "prefill", "decode_pool": "decode", "link": {"bandwidth_gbs": 0},
+                      "kv_bytes_per_token": 1})
+
+
+def test_derived_model_gives_kv_bytes_per_token():
+    from simulator.latency import load_latency_model
+    from simulator.pd_spec import model_kv_bytes_per_token
+
+    assert model_kv_bytes_per_token(load_latency_model("llama-3.1-70b@h100-sxm-tp4-bf16")) == KVB
+    assert model_kv_bytes_per_token(STUB) is None
