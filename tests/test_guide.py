@@ -94,3 +94,16 @@ def test_help_points_to_the_guide(command):
     out = subprocess.run([sys.executable, "-m", "slopilot.cli", command, "--help"], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}).stdout
     assert "docs/guide.md" in out
+
+
+def test_the_mistakes_section_shows_each_message():
+    # each common mistake with the very message a user sees (the runnable test above checks each output)
+    text = GUIDE.read_text()
+    section = text[text.index("## Common mistakes and what you see"):text.index("## Where next")]
+    outputs = [b["body"] for b in blocks(section) if b["mark"] == "output"]
+    for message in ("matched nothing over the whole run", "did you mean model_name=",
+                    "'ttft_p90' is reserved",
+                    "metric source prometheus http://127.0.0.1:9 failed", "exit status 1",
+                    "is not a `slopilot serve` flag (did you mean max_num_seqs?)", "shipped model",
+                    "metricType belongs beside metadata", "did you mean activationThreshold?"):
+        assert any(message in o for o in outputs), message

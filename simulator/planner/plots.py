@@ -20,7 +20,8 @@ def _plt():
 
 def pareto_figure(result: dict):
     """One point per option: a candidate's static fleet (square; attainment in its runs at the peak) or
-    a policy over the curve (circle; a marker per policy); the Pareto front outlined and joined."""
+    a policy over the curve (circle; a marker per policy), hollow when it misses an SLO; the Pareto
+    front outlined and joined; the recommended option pointed at."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
@@ -29,9 +30,16 @@ def pareto_figure(result: dict):
     colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
     policies = sorted({o["policy"] for o in result["ranking"] if o["policy"]})
     markers = {None: "s", **{p: "o^vD<>"[i % 6] for i, p in enumerate(policies)}}
-    for o in result["ranking"]:
-        ax.scatter(100 * (o["attainment"] or 0), o["cost_per_day"], color=colors[o["candidate"]],
-                   marker=markers[o["policy"]], edgecolors="black" if o["pareto"] else "none", s=55, zorder=3)
+    for o in result["ranking"]:  # an option that misses an SLO is hollow: not a choice
+        color = colors[o["candidate"]]
+        ax.scatter(100 * (o["attainment"] or 0), o["cost_per_day"], marker=markers[o["policy"]], s=55,
+                   zorder=3, facecolors=color if o["met"] else "none",
+                   edgecolors="black" if o["pareto"] else (color if not o["met"] else "none"))
+    best = result["answer"].get("best_option")
+    if best:
+        at = (100 * (best["attainment"] or 0), best["cost_per_day"])
+        ax.annotate("recommended", at, xytext=(-70, 18), textcoords="offset points", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "lw": 0.8})
     front = sorted((100 * (o["attainment"] or 0), o["cost_per_day"])
                    for o in result["ranking"] if o["pareto"])
     if len(front) > 1:
