@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import difflib
 
-from simulator.promql.parse import Selector, compile_query, walk
+from simulator.promql.parse import Selector, compile_query
+from simulator.promql.tree import walk
 
 
 def all_labels(store) -> list[tuple]:

@@ -105,12 +105,14 @@ def test_evaluation_errors_are_prometheus_errors(query, message):
 
 
 @pytest.mark.parametrize("query, named", [
-    ("topk(3, q)", "topk()"),
-    ("predict_linear(q[5m], 60)", "predict_linear()"),
-    ("label_replace(q, 'a', '$1', 'pod', '(.*)')", "label_replace()"),
-    ("q @ 100", "@ modifier"),
-    ("q offset -1m", "negative offset"),
-    ('"text"', "string literal"),
+    ("limitk(3, q)", "limitk()"),
+    ("mad_over_time(q[5m])", "mad_over_time()"),
+    ("sort_by_label(q, 'pod')", "sort_by_label()"),
+    ("histogram_count(q)", "histogram_count()"),
+    ("holt_winters(q[5m], 0.5, 0.5)", "does not parse"),
+    ("q @ -100", "@ time before 1970"),
+    ("sum(rate(q[1m] @ -5))", "@ time before 1970"),
+    ('"text"', "a string is not a query result"),
     ("sum(q", "does not parse"),
     ("max_over_time(q[1d:1ms])", "more than 100000 steps"),
 ])

@@ -127,8 +127,8 @@ def test_a_query_with_several_series_is_a_trigger_error():
 
 
 @pytest.mark.parametrize("query, named", [
-    ("topk(1, vllm:num_requests_waiting)", "aggregation topk()"),
-    ("predict_linear(vllm:num_requests_waiting[5m], 60)", "function predict_linear()"),
+    ("limitk(1, vllm:num_requests_waiting)", "aggregation limitk()"),
+    ("mad_over_time(vllm:num_requests_waiting[5m])", "function mad_over_time()"),
     ("vllm:num_requests_waiting[5m]", "range vector"),
     ("sum(vllm:num_requests_waiting", "does not parse"),
 ])
@@ -148,7 +148,7 @@ def _rules_file(tmp_path, text: str) -> dict:
 @pytest.mark.parametrize("text, message", [
     ("groups: [{name: g, rules: [{expr: up}]}]", r"rule_files\[0\]: .*rules\[0\]\.record"),
     ("groups: [{name: g, rules: [{alert: High, expr: up > 1}]}]", "alerting rule 'High'"),
-    ("groups: [{name: g, rules: [{record: r, expr: 'topk(1, up)'}]}]", r"rules\[0\]\.expr: .*topk"),
+    ("groups: [{name: g, rules: [{record: r, expr: 'limitk(1, up)'}]}]", r"rules\[0\]\.expr: .*limitk"),
     ("groups: [{name: g, interval: soon, rules: []}]", r"groups\[0\]\.interval"),
     ("groups: [{name: g}, {name: g}]", "defined twice"),
     ("rules: []", "a list of groups"),
@@ -239,6 +239,6 @@ def test_export_series_and_query_from_the_command_line(tmp_path):
     answer = json.loads(q.stdout)
     assert answer["status"] == "success" and answer["data"]["resultType"] == "vector"
     assert answer["data"]["result"][0]["metric"] == {"job": "decode"}
-    bad = subprocess.run([*run, "query", str(tmp_path / "out"), "topk(1, up)", "--time", "1"], cwd=ROOT,
+    bad = subprocess.run([*run, "query", str(tmp_path / "out"), "limitk(1, up)", "--time", "1"], cwd=ROOT,
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "topk()" in bad.stderr
+    assert bad.returncode == 2 and "limitk()" in bad.stderr

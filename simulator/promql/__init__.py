@@ -11,8 +11,9 @@ instant() and window() (simulator.promql.storage).
 
 from simulator.promql.api import format_value, instant_query, range_query
 from simulator.promql.engine import DEFAULT_STEP, LOOKBACK, Evaluator
-from simulator.promql.parse import PromQLError, compile_query, lookbehind
+from simulator.promql.parse import PromQLError, compile_query
 from simulator.promql.storage import Labels, MemoryStorage, Storages, labels_of
+from simulator.promql.tree import lookbehind
 
 __all__ = ["DEFAULT_STEP", "LOOKBACK", "Evaluator", "Labels", "MemoryStorage", "PromQLError", "Storages",
            "compile_query", "format_value", "instant_query", "labels_of", "lookbehind", "range_query"]

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from simulator.promql.engine import LOOKBACK, Evaluator
-from simulator.promql.parse import PromQLError, compile_query
+from simulator.promql.parse import Aggregate, Call, PromQLError, compile_query
 from simulator.promql.storage import Labels
 
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
@@ -44,16 +44,25 @@ def _tree(query):
 def instant_query(store, query, t: int, lookback: int = LOOKBACK) -> dict:
     """The `data` of /api/v1/query at t (ms)."""
     tree = _tree(query)
-    value = Evaluator(store, lookback).eval(tree, t)
+    ev = Evaluator(store, lookback)
+    ev.bounds = (t, t)
+    value = ev.eval(tree, t)
     if tree.type == "scalar":
         return {"resultType": "scalar", "result": [format_time(t), format_value(value)]}
     if tree.type == "matrix":
         return {"resultType": "matrix", "result": [
             {"metric": _metric(lb), "values": [[format_time(x), format_value(v)] for x, v in zip(ts, vs)]}
             for lb, ts, vs in sorted(value, key=lambda s: s[0])]}
+    if not _ordered(tree):
+        value = sorted(value, key=lambda s: s[0])
     return {"resultType": "vector", "result": [
-        {"metric": _metric(lb), "value": [format_time(t), format_value(v)]}
-        for lb, v in sorted(value, key=lambda s: s[0])]}
+        {"metric": _metric(lb), "value": [format_time(t), format_value(v)]} for lb, v in value]}
+
+
+def _ordered(tree) -> bool:
+    """sort(), sort_desc(), topk() and bottomk() answer instant queries in their own order."""
+    return (isinstance(tree, Call) and tree.func in ("sort", "sort_desc")
+            or isinstance(tree, Aggregate) and tree.op in ("topk", "bottomk"))
 
 
 def range_query(store, query, start: int, end: int, step: int, lookback: int = LOOKBACK) -> dict:
@@ -70,6 +79,7 @@ def range_query(store, query, start: int, end: int, step: int, lookback: int = L
         raise PromQLError(f"exceeded maximum resolution of {MAX_POINTS} points per timeseries; "
                           "try decreasing the query resolution (?step=XX)")
     ev = Evaluator(store, lookback)
+    ev.bounds = (start, end)
     series: dict[Labels, list] = {}
     for t in range(start, end + 1, step):
         value = ev.eval(tree, t)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from operator import itemgetter
 
+from simulator.promql import calls
 from simulator.promql import functions as fn
 from simulator.promql.parse import (
     MAX_SUBQUERY_STEPS,
@@ -28,6 +29,7 @@ from simulator.promql.parse import (
     Selector,
     Subquery,
 )
+from simulator.promql.reduce import reduce as _reduce
 from simulator.promql.storage import Labels, Matrix, Vector, drop_name, format_labels, get
 
 LOOKBACK = 300_000  # ms: Prometheus' default query.lookback-delta
@@ -67,12 +69,23 @@ class Evaluator:
         self.store = store
         self.lookback = lookback
         self.default_step = default_step
+        self.bounds: tuple[int, int] | None = None  # the query's start and end, for @ start()/end()
+
+    def at(self, node, t: int) -> int:
+        """The time a selector or subquery is evaluated at before its offset: @ or t."""
+        if node.at is None:
+            return t
+        if isinstance(node.at, int):
+            return node.at
+        if self.bounds is None:
+            raise PromQLError(f"@ {node.at}() needs a query's start and end")
+        return self.bounds[0] if node.at == "start" else self.bounds[1]
 
     def eval(self, node, t: int):
         if isinstance(node, Number):
             return node.value
         if isinstance(node, Selector):
-            vec = self.store.instant(node.matchers, t - node.offset, self.lookback)
+            vec = self.store.instant(node.matchers, self.at(node, t) - node.offset, self.lookback)
             vec.sort(key=_first)
             return vec
         if isinstance(node, (MatrixSelector, Subquery)):
@@ -94,13 +107,13 @@ class Evaluator:
     def _range(self, node, t: int) -> tuple[Matrix, int, int]:
         """(matrix, range start, range end) of a range selector or a subquery at t."""
         if isinstance(node, MatrixSelector):
-            end = t - node.selector.offset
+            end = self.at(node.selector, t) - node.selector.offset
             start = end - node.range
             mat = self.store.window(node.selector.matchers, start, end)
             mat.sort(key=_first)
             return mat, start, end
         step = node.step or self.default_step
-        end = t - node.offset
+        end = self.at(node, t) - node.offset
         start = end - node.range
         first = step * (start // step)
         if first < start:
@@ -126,6 +139,8 @@ class Evaluator:
 
     def _call(self, node: Call, t: int):
         f, args = node.func, node.args
+        if f in fn.BUILTINS:
+            return calls.call(self, node, t)
         if f in fn.RANGE or f == "quantile_over_time":
             q = self._scalar(args[0], t) if f == "quantile_over_time" else None
             mat, start, end = self._range(args[-1], t)
@@ -185,6 +200,8 @@ class Evaluator:
 
     # -- aggregation ----------------------------------------------------------------------------------
     def _aggregate(self, node: Aggregate, t: int) -> Vector:
+        if node.op in ("topk", "bottomk", "count_values"):
+            return calls.aggregate(self, node, t)
         param = self._scalar(node.param, t) if node.param is not None else None
         vec = self.eval(node.expr, t)
         grouping, op = set(node.grouping), node.op
@@ -315,44 +332,3 @@ class Evaluator:
                 else:
                     d.pop(k, None)
         return tuple(sorted(d.items()))
-
-
-def _reduce(op: str, vs: list[float], param: float | None) -> float:
-    """One group of an aggregation, in Prometheus' order of operations."""
-    first = vs[0]
-    if op == "sum":
-        total = first
-        for v in vs[1:]:
-            total += v
-        return total
-    if op == "avg":
-        mean = first
-        for count, v in enumerate(vs[1:], start=2):
-            if math.isinf(mean):
-                if math.isinf(v) and (mean > 0) == (v > 0):
-                    continue
-                if not math.isinf(v) and not math.isnan(v):
-                    continue
-            mean += v / count - mean / count
-        return mean
-    if op in ("min", "max"):
-        out = first
-        for v in vs[1:]:
-            if (out < v if op == "max" else out > v) or math.isnan(out):
-                out = v
-        return out
-    if op == "count":
-        return float(len(vs))
-    if op == "group":
-        return 1.0
-    if op in ("stddev", "stdvar"):
-        mean, total = first, 0.0
-        for count, v in enumerate(vs[1:], start=2):
-            delta = v - mean
-            mean += delta / count
-            total += delta * (v - mean)
-        var = total / len(vs)
-        return math.sqrt(var) if op == "stddev" else var
-    if op == "quantile":
-        return fn.quantile(param, vs)
-    raise PromQLError(f"aggregation {op}")

@@ -16,7 +16,11 @@ RANGE = ("rate", "irate", "increase", "delta", "idelta", "avg_over_time", "sum_o
          "min_over_time", "max_over_time", "count_over_time", "last_over_time", "present_over_time",
          "stddev_over_time", "stdvar_over_time")
 SIMPLE = {"abs": abs, "ceil": np.ceil, "floor": np.floor, "sqrt": np.sqrt, "exp": np.exp, "ln": np.log,
-          "log2": np.log2, "log10": np.log10}
+          "log2": np.log2, "log10": np.log10, "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin,
+          "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
+          "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+          "deg": lambda v: v * 180 / math.pi, "rad": lambda v: v * math.pi / 180,
+          "sgn": lambda v: -1.0 if v < 0 else 1.0 if v > 0 else v}
 FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     **{f: (("matrix",), "vector") for f in RANGE},
     "quantile_over_time": (("scalar", "matrix"), "vector"),
@@ -30,7 +34,25 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "vector": (("scalar",), "vector"),
     "time": ((), "scalar"),
 }
-AGGREGATIONS = ("sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "quantile")
+# functions on labels, times and whole series (simulator.promql.builtins); "*": any number more
+DATE = ("day_of_month", "day_of_week", "day_of_year", "days_in_month", "hour", "minute", "month", "year")
+SERIES = ("changes", "resets", "deriv", "predict_linear")  # holt_winters: the parser lacks it
+BUILTINS: dict[str, tuple[tuple[str, ...], str]] = {
+    "label_replace": (("vector", "string", "string", "string", "string"), "vector"),
+    "label_join": (("vector", "string", "string", "string*"), "vector"),
+    "absent": (("vector",), "vector"),
+    "absent_over_time": (("matrix",), "vector"),
+    "timestamp": (("vector",), "vector"),
+    **{f: (("vector?",), "vector") for f in DATE},
+    **{f: (("matrix",), "vector") for f in ("changes", "resets", "deriv")},
+    "predict_linear": (("matrix", "scalar"), "vector"),
+    "sort": (("vector",), "vector"),
+    "sort_desc": (("vector",), "vector"),
+    "pi": ((), "scalar"),
+}
+FUNCTIONS.update(BUILTINS)
+AGGREGATIONS = ("sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "quantile", "topk",
+                "bottomk", "count_values")
 
 
 def extrapolated_rate(ts: list, vs: list, start: float, end: float, is_counter: bool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import promql_parser as pp
 
@@ -45,9 +45,16 @@ class Number:
 
 
 @dataclass(frozen=True, slots=True)
+class String:
+    value: str
+    type = "string"
+
+
+@dataclass(frozen=True, slots=True)
 class Selector:
     matchers: tuple[Matcher, ...]
-    offset: int = 0  # ms
+    offset: int = 0  # ms (negative: later)
+    at: int | str | None = None  # @: ms, "start" or "end" (the query's); None: the evaluation time
     type = "vector"
 
     @property
@@ -68,6 +75,7 @@ class Subquery:
     range: int  # ms
     step: int | None  # ms; None: the evaluator's default step
     offset: int = 0
+    at: int | str | None = None
     type = "matrix"
 
 
@@ -76,6 +84,7 @@ class Call:
     func: str
     args: tuple
     type: str
+    extra: tuple = ()  # absent() of a selector: its matchers, which make the labels of its answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,11 @@ SET_OPS = ("and", "or", "unless")
 MAX_SUBQUERY_STEPS = 100_000  # inner evaluations of one subquery at one instant
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_NEGATIVE_AT = re.compile(r"@\s*-")
+
+
 def ms(d: timedelta) -> int:
     return (d.days * 86400 + d.seconds) * 1000 + d.microseconds // 1000
 
@@ -136,6 +150,8 @@ def compile_query(text: str) -> object:
     problem = query_problem(text)
     if problem is not None:
         raise PromQLError(f"query {_short(text)}: {problem}")
+    if _NEGATIVE_AT.search(_QUOTED.sub('""', text)):  # the binding panics reading one
+        raise _unsupported("an @ time before 1970")
     try:
         tree = pp.parse(text)
     except (ValueError, TypeError, OverflowError) as exc:  # OverflowError: a duration past timedelta's
@@ -159,14 +175,24 @@ def _unsupported(what: str) -> PromQLError:
                        f"and set operators, and the functions {', '.join(sorted(FUNCTIONS))})")
 
 
+def _at(e) -> int | str | None:
+    """The @ modifier: ms since the epoch, "start" or "end"."""
+    try:
+        at = e.at
+        if at is None:
+            return None
+        kind = _enum(at.type)
+        return ms(at.at - _EPOCH) if kind == "At" else kind.lower()
+    except BaseException as exc:  # the binding panics on a time before 1970
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise _unsupported("an @ time before 1970") from None
+
+
 def _selector(vs) -> Selector:
-    if vs.at is not None:
-        raise _unsupported("the @ modifier")
     if vs.matchers.or_matchers:
         raise _unsupported("`or` inside a label selector")
     offset = ms(vs.offset) if vs.offset is not None else 0
-    if offset < 0:
-        raise _unsupported("a negative offset")
     matchers = [Matcher("__name__", "=", vs.name)] if vs.name else []
     for m in vs.matchers.matchers:
         op = _OPS[_enum(m.op)]
@@ -177,7 +203,7 @@ def _selector(vs) -> Selector:
             except re.error as exc:
                 raise PromQLError(f"label matcher {m.name}{op}{m.value!r}: bad regex: {exc}") from None
         matchers.append(Matcher(m.name, op, m.value, regex))
-    return Selector(tuple(matchers), offset)
+    return Selector(tuple(matchers), offset, _at(vs))
 
 
 def _convert(e) -> object:
@@ -186,22 +212,18 @@ def _convert(e) -> object:
     if isinstance(e, pp.NumberLiteral):
         return Number(float(e.val))
     if isinstance(e, pp.StringLiteral):
-        raise _unsupported("a string literal")
+        return String(e.val)
     if isinstance(e, pp.VectorSelector):
         return _selector(e)
     if isinstance(e, pp.MatrixSelector):
         return MatrixSelector(_selector(e.vector_selector), ms(e.range))
     if isinstance(e, pp.SubqueryExpr):
-        if e.at is not None:
-            raise _unsupported("the @ modifier")
         offset = ms(e.offset) if e.offset is not None else 0
-        if offset < 0:
-            raise _unsupported("a negative offset")
         step = ms(e.step) if e.step is not None and ms(e.step) > 0 else None
         if step is not None and ms(e.range) // step > MAX_SUBQUERY_STEPS:
             raise PromQLError(f"subquery [{promql_duration(e.range)}:{promql_duration(e.step)}]: more than "
                               f"{MAX_SUBQUERY_STEPS} steps")
-        return Subquery(_convert(e.expr), ms(e.range), step, offset)
+        return Subquery(_convert(e.expr), ms(e.range), step, offset, _at(e))
     if isinstance(e, pp.UnaryExpr):
         return Negate(_convert(e.expr))
     if isinstance(e, pp.Call):
@@ -210,9 +232,14 @@ def _convert(e) -> object:
             raise _unsupported(f"function {name}()")
         kinds, result = FUNCTIONS[name][:2]
         args = tuple(_convert(a) for a in e.args)
-        if len(args) > len(kinds) or len(args) < len([k for k in kinds if not k.endswith("?")]):
+        most = 10**6 if kinds and kinds[-1].endswith("*") else len(kinds)
+        if len(args) > most or len(args) < len([k for k in kinds if k[-1] not in "?*"]):
             raise PromQLError(f"function {name}() takes {len(kinds)} argument(s), got {len(args)}")
-        return Call(name, args, result)
+        extra = ()
+        if name in ("absent", "absent_over_time") and isinstance(e.args[0], (pp.VectorSelector,
+                                                                             pp.MatrixSelector)):
+            extra = (args[0] if isinstance(args[0], Selector) else args[0].selector).matchers
+        return Call(name, args, result, extra)
     if isinstance(e, pp.AggregateExpr):
         op = str(e.op)
         if op not in AGGREGATIONS:
@@ -248,33 +275,3 @@ def _binary(e) -> Binary:
                   tuple(m.group_labels or ()))
 
 
-def children(node) -> tuple:
-    if isinstance(node, MatrixSelector):
-        return (node.selector,)
-    if isinstance(node, (Subquery, Negate)):
-        return (node.expr,)
-    if isinstance(node, Call):
-        return node.args
-    if isinstance(node, Aggregate):
-        return (node.expr,) + ((node.param,) if node.param is not None else ())
-    if isinstance(node, Binary):
-        return (node.lhs, node.rhs)
-    return ()
-
-
-def walk(node):
-    """Every node of a tree, parents first."""
-    yield node
-    for c in children(node):
-        yield from walk(c)
-
-
-def lookbehind(node, lookback: int) -> int:
-    """How far before the evaluation time (ms) a query reads samples: what a store must keep."""
-    if isinstance(node, Selector):
-        return node.offset + lookback
-    if isinstance(node, MatrixSelector):
-        return node.selector.offset + node.range
-    if isinstance(node, Subquery):
-        return node.offset + node.range + lookbehind(node.expr, lookback)
-    return max((lookbehind(c, lookback) for c in children(node)), default=0)

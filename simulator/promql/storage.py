@@ -69,6 +69,11 @@ class Series:
                 return None
         return self.vs[i]
 
+    def latest_at(self, t: int, lookback: int) -> int | None:
+        """The time of the sample latest() answers with, or None."""
+        i = bisect.bisect_right(self.ts, t) - 1
+        return self.ts[i] if i >= 0 and self.latest(t, lookback) is not None else None
+
     def between(self, mint: int, maxt: int) -> tuple[list[int], list[float]]:
         lo, hi = bisect.bisect_left(self.ts, mint), bisect.bisect_right(self.ts, maxt)
         return self.ts[lo:hi], self.vs[lo:hi]
@@ -125,6 +130,15 @@ class MemoryStorage:
                 out.append((s.labels, v))
         return out
 
+    def instant_times(self, matchers, t: int, lookback: int) -> list[tuple[Labels, int, float]]:
+        """instant() with each sample's own time (timestamp())."""
+        out = []
+        for s in self.select(matchers):
+            at = s.latest_at(t, lookback)
+            if at is not None:
+                out.append((s.labels, at, s.latest(t, lookback)))
+        return out
+
     def window(self, matchers, mint: int, maxt: int) -> Matrix:
         out = []
         for s in self.select(matchers):
@@ -142,6 +156,13 @@ class Storages:
 
     def instant(self, matchers, t: int, lookback: int) -> Vector:
         return [x for p in self.parts for x in p.instant(matchers, t, lookback)]
+
+    def instant_times(self, matchers, t: int, lookback: int) -> list[tuple[Labels, int, float]]:
+        if not all(hasattr(p, "instant_times") for p in self.parts):
+            from simulator.promql.parse import PromQLError
+
+            raise PromQLError("timestamp() of a selector is not supported over this store")
+        return [x for p in self.parts for x in p.instant_times(matchers, t, lookback)]
 
     def window(self, matchers, mint: int, maxt: int) -> Matrix:
         return [x for p in self.parts for x in p.window(matchers, mint, maxt)]
