@@ -119,6 +119,38 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    # -- blocks held outside a sequence (KV transfer: a producer's lease, a consumer's landing) ----
+    def hold_cached(self, hashes: list[int]) -> list[int]:
+        """References the cached blocks of the longest prefix of hashes; their ids."""
+        held = []
+        for h in hashes:
+            block = self.cached.get(h)
+            if block is None:
+                break
+            if self.allocator.is_free(block):
+                self.allocator.take(block)
+            else:
+                self.allocator.incref(block)
+            held.append(block)
+        return held
+
+    def allocate_blocks(self, n: int) -> list[int] | None:
+        """n referenced blocks, evicted from the prefix cache if they were in it; None if too few are free."""
+        blocks = self.allocator.allocate(n)
+        for b in blocks or ():
+            self._evict(b)
+        return blocks
+
+    def register(self, block: int, h: int) -> None:
+        """Makes a block filled from elsewhere findable by its hash (unless the hash is cached already)."""
+        if self.enable_prefix_caching and h not in self.cached and block not in self.block_hash:
+            self.cached[h] = block
+            self.block_hash[block] = h
+
+    def release(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):
+            self.allocator.free(b)
+
     def check_no_leak(self) -> list[str]:
         """Problems found when no request holds blocks (empty list = every block free or evictable)."""
         problems = []

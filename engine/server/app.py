@@ -231,7 +231,8 @@ async def _serve(state: ServerState, raw: Request, req: SamplingFields, prompt, 
         params = _sampling_params(req, max_tokens)
         _check_running(state)  # the engine may have died or closed while we tokenized
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = state.engine.add(request_id, ids, params, state.engine.engine.clock(), req.priority)
+        stream = state.engine.add(request_id, ids, params, state.engine.engine.clock(), req.priority,
+                                  req.kv_transfer_params)
         del ids  # the engine keeps its own copy; a queued request holds no second one
     finally:
         state.admitting -= 1

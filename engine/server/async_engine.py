@@ -35,6 +35,7 @@ class Update:
     finish_reason: str | None = None  # set on the last update
     error: str | None = None
     status: int = 500  # with an error: 400 refused, 500 failed alone, 503 engine dead or shutting down
+    kv_transfer_params: dict | None = None  # a producer's answer to do_remote_decode (engine.kv_transfer)
 
 
 def error_update(message: str, status: int, num_prompt_tokens: int = 0) -> Update:
@@ -57,6 +58,12 @@ class AsyncEngine:
         self.num_submitted = 0  # adds put on the queue (event loop)
         self.num_admitted = 0  # adds the engine thread has taken (engine thread)
         self.num_waiting = 0  # the scheduler's waiting queue after the last step
+        self.kv = None  # an engine.kv_transfer KVConnector when the engine has a P/D role
+
+    def set_kv_transfer(self, cfg) -> None:
+        from engine.kv_transfer.connector import KVConnector
+
+        self.kv = KVConnector(cfg, self.engine, lambda: self._commands.put(("kv",)))
 
     # -- event-loop side -------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -78,12 +85,12 @@ class AsyncEngine:
         return self.num_waiting + self.num_submitted - self.num_admitted
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float,
-            priority: int = 0) -> asyncio.Queue[Update]:
+            priority: int = 0, kv_transfer_params: dict | None = None) -> asyncio.Queue[Update]:
         """A queue of the request's updates; the caller checks `alive` and `closed` first."""
         stream: asyncio.Queue[Update] = asyncio.Queue()
         self.streams[request_id] = stream
         self.num_submitted += 1
-        self._commands.put(("add", request_id, prompt_ids, params, arrival, priority))
+        self._commands.put(("add", request_id, prompt_ids, params, arrival, priority, kv_transfer_params))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -131,6 +138,8 @@ class AsyncEngine:
                     self.engine.runner.idle()
                 if not self._handle_commands(block):
                     return
+                if self.kv is not None:
+                    self._kv_tick()
                 if self.engine.has_unfinished():
                     self._step()
         except Exception as exc:  # the engine is dead: /health turns 503, every stream gets the error
@@ -150,20 +159,45 @@ class AsyncEngine:
                 return False
             if cmd[0] == "add":
                 self._add(*cmd[1:])
+            elif cmd[0] == "kv":
+                pass  # a pull came back or a lease was confirmed: _run ticks the connector
             else:
                 self._abort(cmd[1])
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival: float,
-             priority: int) -> None:
+             priority: int, kv_transfer_params: dict | None = None) -> None:
         self.num_admitted += 1
         try:
+            if self.kv is not None and self.kv.on_add(request_id, prompt_ids, kv_transfer_params,
+                                                      (prompt_ids, params, request_id, arrival, priority)):
+                return  # queued when its KV blocks are in (_kv_tick)
+            if kv_transfer_params and self.kv is None and (kv_transfer_params.get("do_remote_decode")
+                                                           or kv_transfer_params.get("do_remote_prefill")):
+                raise ValueError("kv_transfer_params given, but this engine has no --kv-transfer-config")
             self.engine.add_request(prompt_ids, params, request_id, arrival, priority)
         except ValueError as exc:  # the server checks lengths first; this is the last guard
             self._send(request_id, error_update(str(exc), 400, len(prompt_ids)))
             return
         self.num_waiting = len(self.engine.scheduler.waiting)
 
+    def _kv_tick(self) -> None:
+        """Ends confirmed and expired leases; queues the requests whose KV blocks came in."""
+        freed, pulls = self.kv.tick()
+        if not freed and not pulls:
+            return
+        for pull, error in pulls:
+            try:
+                if error is not None:
+                    raise ValueError(error)
+                self.engine.add_request(*pull.args)
+            except ValueError as exc:
+                self._send(pull.request_id, error_update(str(exc), 400, len(pull.args[0])))
+        self.metrics.update_gauges(self.engine)
+        self.num_waiting = len(self.engine.scheduler.waiting)
+
     def _abort(self, request_id: str) -> None:
+        if self.kv is not None and self.kv.abort(request_id):
+            return  # a pull in flight: its blocks are dropped when it ends
         seq = self.engine.seqs.get(request_id)
         if seq is None:
             return
@@ -183,7 +217,10 @@ class AsyncEngine:
         for seq in advanced:
             if seq.is_finished:  # metrics first: a client that got its answer may scrape at once
                 self.metrics.record_finished(seq)
-            updates.append((seq.request_id, self._update(seq)))
+            update = self._update(seq)
+            if seq.is_finished and self.kv is not None:
+                update.kv_transfer_params = self.kv.on_finished(seq)
+            updates.append((seq.request_id, update))
             if seq.is_finished:
                 self.engine.pop_output(seq.request_id)
         if updates:  # one wake-up of the event loop a step, not one a request

@@ -97,6 +97,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: Int64 = 0
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's P/D fields (engine.kv_transfer)
     logit_bias: Any = None  # NOT_IMPLEMENTED: only their neutral values pass
     best_of: Any = None
     use_beam_search: Any = None

@@ -83,9 +83,16 @@ class Shaper:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": update.text},
                       "logprobs": None, "finish_reason": update.finish_reason}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(update)}
+            return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(update),
+                    **self._kv(update)}
         choice = {"index": 0, "text": update.text, "logprobs": None, "finish_reason": update.finish_reason}
-        return {**self._head("text_completion"), "choices": [choice], "usage": self.usage(update)}
+        return {**self._head("text_completion"), "choices": [choice], "usage": self.usage(update),
+                **self._kv(update)}
+
+    @staticmethod
+    def _kv(update: Update) -> dict:
+        """vLLM's top-level kv_transfer_params, only on a P/D answer (other bodies stay as they were)."""
+        return {"kv_transfer_params": update.kv_transfer_params} if update.kv_transfer_params else {}
 
     def chunk(self, text: str, finish_reason: str | None, first: bool = False) -> dict:
         if self.chat:

@@ -50,14 +50,19 @@ def build_engine(args: EngineArgs | None = None,
 
 def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = None,
                  protect_metrics: bool = False, max_waiting: int | None = defaults.MAX_WAITING,
-                 max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0) -> FastAPI:
-    """health_hold: seconds /health answers 503 after start, as while a real server loads weights."""
+                 max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0,
+                 kv_transfer=None) -> FastAPI:
+    """health_hold: seconds /health answers 503 after start, as while a real server loads weights.
+    kv_transfer: an engine.kv_transfer KVTransferConfig (a P/D role), or None."""
     bm = engine.block_manager
     cache_info = {"block_size": bm.block_size, "num_gpu_blocks": bm.num_blocks, "cache_dtype": "auto",
                   "enable_prefix_caching": bm.enable_prefix_caching}
     metrics = EngineMetrics(model_name, engine.max_model_len, cache_info)
     metrics.update_gauges(engine)
-    return build_app(AsyncEngine(engine, metrics), model_name, api_key=api_key,
+    async_engine = AsyncEngine(engine, metrics)
+    if kv_transfer is not None:
+        async_engine.set_kv_transfer(kv_transfer)
+    return build_app(async_engine, model_name, api_key=api_key,
                      protect_metrics=protect_metrics, max_waiting=max_waiting,
                      max_request_bytes=max_request_bytes, health_hold=health_hold)
 

@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)  # the old name of --health-hold
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log level (a client that disconnects is logged at info)")
+    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help='a prefill/decode role, as vLLM takes it: {"kv_connector": "TcpConnector", '
+                        '"kv_role": "kv_producer"|"kv_consumer"|"kv_both"} (optional kv_ip, kv_port, '
+                        'kv_connector_extra_config.lease_timeout_s)')
     add_cli_args(p, real_only="real mode only")
 
 
@@ -85,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--drain-timeout and --health-hold must be >= 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = from_cli(args, model=args.model or args.model_tag)
+    kv_transfer = None
+    if args.kv_transfer_config is not None:
+        from engine.kv_transfer import parse_kv_transfer_config
+
+        kv_transfer = parse_kv_transfer_config(args.kv_transfer_config)
     latency = None
     if args.emulate:
         from simulator.latency import load_latency_model
@@ -94,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     engine, name = build_engine(engine_args, latency)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
-                       max_request_bytes=args.max_request_bytes, health_hold=args.health_hold)
+                       max_request_bytes=args.max_request_bytes, health_hold=args.health_hold,
+                       kv_transfer=kv_transfer)
     print(f"serving {args.served_model_name or name} on http://{args.host}:{args.port}"
           f"{' (emulated)' if args.emulate else ''}", flush=True)
     return serve(app, args.host, args.port, args.drain_timeout, args.log_level)

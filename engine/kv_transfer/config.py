@@ -1,0 +1,67 @@
+"""--kv-transfer-config: vLLM's JSON ({"kv_connector": ..., "kv_role": ...}), checked field by field."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("kv_producer", "kv_consumer", "kv_both")
+# our TCP channel; vLLM's connector names are accepted too, so a launch line written for vLLM
+# P/D pairs works unchanged (the wire between two of our engines is ours either way)
+CONNECTORS = ("TcpConnector", "NixlConnector", "P2pNcclConnector", "MooncakeConnector")
+# vLLM's NIXL producer keeps unread blocks this long (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s)
+DEFAULT_LEASE_TIMEOUT_S = 480.0
+
+
+@dataclass
+class KVTransferConfig:
+    kv_connector: str
+    kv_role: str
+    kv_ip: str = "127.0.0.1"  # where the producer's channel listens and what it advertises
+    kv_port: int = 0  # 0: a free port, advertised in remote_port
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+
+    @property
+    def is_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+
+def parse_kv_transfer_config(text: str | dict[str, Any]) -> KVTransferConfig:
+    """The config from the flag's JSON (or a dict); ValueError naming the bad field."""
+    if isinstance(text, str):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kv-transfer-config is not valid JSON: {exc}") from None
+    else:
+        raw = dict(text)
+    if not isinstance(raw, dict):
+        raise ValueError("--kv-transfer-config must be a JSON object")
+    connector, role = raw.get("kv_connector"), raw.get("kv_role")
+    if connector not in CONNECTORS:
+        raise ValueError(f"--kv-transfer-config: kv_connector must be one of {', '.join(CONNECTORS)}, "
+                         f"got {connector!r}")
+    if role not in ROLES:
+        raise ValueError(f"--kv-transfer-config: kv_role must be one of {', '.join(ROLES)}, got {role!r}")
+    extra = raw.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ValueError("--kv-transfer-config: kv_connector_extra_config must be an object")
+    port = raw.get("kv_port", 0)
+    if not isinstance(port, int) or not 0 <= port < 65536:
+        raise ValueError(f"--kv-transfer-config: kv_port must be an integer in 0..65535, got {port!r}")
+    lease = extra.get("lease_timeout_s", DEFAULT_LEASE_TIMEOUT_S)
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not lease > 0:
+        raise ValueError("--kv-transfer-config: kv_connector_extra_config.lease_timeout_s must be a "
+                         f"number > 0, got {lease!r}")
+    cfg = KVTransferConfig(connector, role, str(raw.get("kv_ip", "127.0.0.1")), port,
+                           lease_timeout_s=float(lease))
+    if raw.get("engine_id"):
+        cfg.engine_id = str(raw["engine_id"])
+    return cfg
