@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     # only import the chosen subcommand's module (others may import heavy libraries)
     if argv and argv[0] in modules:
         modules = {argv[0]: modules[argv[0]]}
+        prepare = getattr(importlib.import_module(modules[argv[0]]), "prepare_argv", None)
+        if prepare is not None:  # a command whose positional words may start with '-'
+            argv = [argv[0], *prepare(argv[1:])]
     parser = build_parser(modules)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -4,6 +4,8 @@ Evaluates PromQL over a simulated run's series (DIR/series.om from `slopilot sim
 --export-series`, or an OpenMetrics file) and prints the answer in the JSON shape of Prometheus'
 /api/v1/query (with --time) or /api/v1/query_range (with --start, --end and --step). Times are
 seconds (the run's clock starts at 0) or RFC 3339; the step is seconds or a duration such as 15s.
+The file is parsed once: its samples are cached beside it (FILE.cache.npz, rebuilt when the file
+changes), so later queries on the same recording answer in tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -56,17 +58,38 @@ def duration_ms(text: str, flag: str) -> int:
     return value
 
 
+_FLAGS = ("--time", "--start", "--end", "--step", "--lookback-delta", "--help")
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """A query starting with '-' (-Inf, -x, -sum(x)) is the query, not an option: argparse would
+    say "expected one argument" or "unrecognized arguments", so such a word gets a leading space
+    (PromQL ignores it). Flags (also abbreviated, or with =value) and their values are left alone."""
+    out, takes_value = [], False
+    for i, word in enumerate(argv):
+        if word == "--":
+            return out + argv[i:]
+        flag = word.split("=", 1)[0]
+        is_flag = word == "-h" or (word.startswith("--") and len(flag) > 2
+                                   and any(f.startswith(flag) for f in _FLAGS))
+        if takes_value or is_flag or not word.startswith("-"):
+            out.append(word)
+        else:
+            out.append(" " + word)
+        takes_value = is_flag and "=" not in word and word != "-h" and not "--help".startswith(flag)
+    return out
+
+
 def load(path: str):
-    """The series of a run folder or an OpenMetrics file, as a store."""
-    from simulator.promql.openmetrics import read_openmetrics
+    """The series of a run folder or an OpenMetrics file, as a store (cached beside the file)."""
+    from simulator.promql.omcache import load_cached
 
     p = Path(path)
     if p.is_dir():
         p = p / "series.om"
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no series file (run `slopilot simulate ... --export-series`)")
-    with p.open(encoding="utf-8") as f:
-        return read_openmetrics(f, str(p))
+    return load_cached(p)
 
 
 def run(args: argparse.Namespace) -> int:
