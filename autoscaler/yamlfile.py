@@ -145,7 +145,13 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _yaml_error(exc: yaml.YAMLError, name: str | None) -> ValueError:
+def _yaml_error(exc: yaml.YAMLError, name: str | None, text: str = "") -> ValueError:
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow (NUL, BEL, ...)
+        line = text.count("\n", 0, exc.position) + 1
+        where = f"{name}:{line}" if name else f"line {line}"
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        return ValueError(f"{where}: invalid YAML: the character {char!r} (U+{ord(char):04X}) is not allowed "
+                          f"in a YAML file")
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     context = getattr(exc, "context", None)
@@ -163,16 +169,18 @@ def parse(text: str, name: str | None = None) -> Document:
         raise ValueError(f"{label}expected YAML text, got {type(text).__name__}")
     if len(text) > MAX_CHARS:
         raise ValueError(f"{label}longer than {MAX_CHARS} characters")
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # its reader checks the characters (NUL, BEL, ... are refused here)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
-        raise _yaml_error(exc, name) from None
+        raise _yaml_error(exc, name, text) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer with too many digits
         raise ValueError(f"{label}invalid YAML: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return Document(data, name, node)
 
 

@@ -57,3 +57,11 @@ def test_a_state_file_holding_a_list_is_a_clear_error(tmp_path):
     (tmp_path / "llama.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"llama.json: saved policy state must be a JSON object"):
         store.load("llama")
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07"])
+def test_a_control_character_in_a_spec_names_file_and_line(tmp_path, char):
+    f = tmp_path / "so.yaml"
+    f.write_text(SPEC.format(name="llama").replace("maxReplicaCount: 5", f"maxReplicaCount: 5{char}"))
+    with pytest.raises(ValueError, match=r"so.yaml:7: invalid YAML: the character .* is not allowed"):
+        specs.load([tmp_path])

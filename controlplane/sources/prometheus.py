@@ -21,6 +21,7 @@ from urllib3.util.retry import Retry
 
 from autoscaler.prometheus import QueryError
 from controlplane.sources.base import DEFAULT_WINDOW, QuerySource
+from controlplane.sources.deadline import DeadlineExceeded, call_with_deadline
 from controlplane.sources.promql import Vector
 
 DEFAULT_TIMEOUT = 5.0  # seconds; KEDA's default HTTP timeout is 3 s, Prometheus' query timeout 2 min
@@ -175,8 +176,15 @@ class PrometheusSource(QuerySource):
         client = self._client(url, params, md.get("authModes", self.auth_modes),
                               _bool(md.get("unsafeSsl", self.unsafe_ssl)),
                               _pairs(md.get("customHeaders", ""), "customHeaders"))
-        try:
-            result = client.custom_query(text, params=query_params, timeout=timeout)
+        try:  # the timeout bounds the whole answer, as Go's http.Client.Timeout does for KEDA
+            def ask():
+                return client.custom_query(text, params=query_params, timeout=timeout)
+
+            result = call_with_deadline(ask, timeout, "prometheus")
+        except DeadlineExceeded:  # still being dripped: that client's session is left to its thread
+            self._clients = {k: c for k, c in self._clients.items() if c is not client}
+            self._down[url] = f"prometheus at {url}: no answer within {timeout:g}s (the whole answer)"
+            raise QueryError(self._down[url]) from None
         except requests.Timeout:
             self._down[url] = f"prometheus at {url}: no answer within {timeout:g}s"
             raise QueryError(self._down[url]) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -147,11 +147,15 @@ class ScrapeSource(QuerySource):
         """One round over the current endpoints (or `only` these); endpoint -> error (None = scraped)."""
         listed = self.endpoints()
         urls = listed if only is None else [metrics_url(u) for u in only]
-        if len(urls) <= 1:
-            results = [self._fetch(u) for u in urls]
-        else:
-            with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
-                results = list(pool.map(self._fetch, urls))
+        # the timeout bounds each whole page (a page dripped a byte a second never trips a read's):
+        # a fetch still running at the deadline is that endpoint's failed scrape, its thread left behind
+        pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(urls))))
+        t0 = self.clock()
+        futures = [pool.submit(self._fetch, u) for u in urls]
+        wait(futures, timeout=self.timeout)
+        pool.shutdown(wait=False, cancel_futures=True)
+        results = [f.result() if f.done() and not f.cancelled() else
+                   (u, t0, None, f"no complete page within {self.timeout:g}s") for u, f in zip(urls, futures)]
         with self._lock:
             current = self._current = set(listed)
             for url, t, samples, error in results:

@@ -70,7 +70,8 @@ class ServerState:
 
 def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = None,
               protect_metrics: bool = False, max_waiting: int | None = defaults.MAX_WAITING,
-              max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0) -> FastAPI:
+              max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0,
+              body_timeout: float = defaults.BODY_TIMEOUT_S) -> FastAPI:
     """api_key guards /v1 (and /metrics with protect_metrics); max_waiting None: no queue bound."""
     state = ServerState(engine, model_name, max_waiting, health_hold)
 
@@ -87,7 +88,8 @@ def build_app(engine: AsyncEngine, model_name: str, *, api_key: str | None = Non
     # past the queue bound, requests beyond those the engine may run at once can only get 429
     in_flight = None if max_waiting is None else max_waiting + engine.engine.scheduler.max_num_seqs
     app.add_middleware(Gate, api_key=api_key, protect_metrics=protect_metrics,
-                       max_body_bytes=max_request_bytes, max_in_flight=in_flight, ready=state.not_ready)
+                       max_body_bytes=max_request_bytes, max_in_flight=in_flight, ready=state.not_ready,
+                       body_timeout=body_timeout)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):

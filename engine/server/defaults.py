@@ -11,6 +11,7 @@ MAX_WAITING = 256
 # that parsing one body stays well under a second of event-loop time
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DRAIN_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 30.0  # a request body must arrive within this (else 408)
 
 # serve()'s exit codes besides 0 (every request finished); 2 is the CLI's for bad options
 EXIT_ENGINE_DIED = 1  # the engine loop died, or the server could not start

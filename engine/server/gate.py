@@ -1,13 +1,16 @@
 """What every request passes before routing (pure ASGI, so streaming is untouched): the API key
 (401), the loading / dead-engine check (503), the body-size limit (413) and the cap on requests in
 flight (429). The cap refuses a request before its body is read, so a flood of clients costs a few
-objects each: the memory held and the garbage collector's pauses stay bounded.
+objects each: the memory held and the garbage collector's pauses stay bounded. A request counts
+toward that cap only once its body has arrived: bodies still being uploaded have their own, larger
+cap and a deadline (408), so slow uploads never take the places of requests being served.
 
 GET /health is answered here too, from the same readiness check: no routing, no response object,
 so a liveness probe costs the event loop a few microseconds however busy the app is."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Callable
@@ -20,12 +23,15 @@ async def send_empty(send, status: int) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def send_error(send, error: APIError) -> None:
-    """The error at once, the body unread. The connection stays open: uvicorn then reads and drops
-    the rest of the body, so a client still sending it reads this answer instead of a reset."""
+async def send_error(send, error: APIError, close: bool = False) -> None:
+    """The error at once, the body unread. The connection stays open (unless `close`): uvicorn then
+    reads and drops the rest of the body, so a client still sending it reads this answer instead of
+    a reset."""
     # ASCII JSON: an error body can never fail to encode, whatever text it quotes
     body = json.dumps(error.body(), separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -41,14 +47,19 @@ class ClientGone(Exception):
 
 class Gate:
     """ready() -> None when requests may run, else the 503 message (still loading, engine dead).
-    max_in_flight: POSTs to /v1 at once (being read, queued, running or answered); None: no cap."""
+    max_in_flight: POSTs to /v1 at once whose body has arrived (queued, running or answered); None: no
+    cap. Bodies being read: at most READING_FACTOR times that, each within body_timeout seconds."""
+
+    READING_FACTOR = 4
 
     def __init__(self, app, *, api_key: str | None, protect_metrics: bool, max_body_bytes: int,
-                 max_in_flight: int | None, ready: Callable[[], str | None]):
+                 max_in_flight: int | None, ready: Callable[[], str | None], body_timeout: float = 30.0):
         self.app, self.max_body_bytes, self.ready = app, max_body_bytes, ready
         self.key = f"Bearer {api_key}".encode() if api_key is not None else None
         self.protect_metrics = protect_metrics
         self.max_in_flight, self.in_flight = max_in_flight, 0
+        self.max_reading = None if max_in_flight is None else self.READING_FACTOR * max_in_flight
+        self.reading, self.body_timeout = 0, body_timeout
 
     def _authorized(self, scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
@@ -75,21 +86,45 @@ class Gate:
             await send_error(send, _too_large(self.max_body_bytes))
             return
         counted = api and scope["method"] == "POST"
-        if counted and self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            await send_error(send, APIError(429, f"the server is overloaded: {self.in_flight} requests are "
-                                                 "already queued or running", "RateLimitError"))
+        if counted and self._full():
+            await send_error(send, self._overloaded())
+            return
+        if counted and self.max_reading is not None and self.reading >= self.max_reading:
+            await send_error(send, APIError(429, f"the server is overloaded: {self.reading} request bodies "
+                                                 "are being uploaded", "RateLimitError"))
+            return
+        self.reading += counted
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await self._read_body(receive)
+        except TimeoutError:
+            why = f"the request body did not arrive within {self.body_timeout:g} s"
+            await send_error(send, APIError(408, why, "RequestTimeoutError"), close=True)
+            return
+        except ClientGone:
+            return
+        finally:
+            self.reading -= counted
+        if body is None:
+            await send_error(send, _too_large(self.max_body_bytes))
+            return
+        if counted and self._full():  # the body took its time: the places may have gone meanwhile
+            await send_error(send, self._overloaded())
             return
         self.in_flight += counted
         try:
-            body = await self._read_body(receive)
-            if body is None:
-                await send_error(send, _too_large(self.max_body_bytes))
-                return
             await self.app(scope, _replay(body, receive), send)
         except ClientGone:
             return
         finally:
             self.in_flight -= counted
+
+    def _full(self) -> bool:
+        return self.max_in_flight is not None and self.in_flight >= self.max_in_flight
+
+    def _overloaded(self) -> APIError:
+        return APIError(429, f"the server is overloaded: {self.in_flight} requests are already queued or "
+                             "running", "RateLimitError")
 
     async def _read_body(self, receive) -> bytes | None:
         """The whole body, or None once it passes the limit (a chunked body has no length to check)."""

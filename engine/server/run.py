@@ -27,6 +27,7 @@ from engine.metrics import EngineMetrics
 from engine.server import defaults
 from engine.server.app import build_app
 from engine.server.async_engine import AsyncEngine
+from engine.server.guard import GuardedHttpTools
 
 log = logging.getLogger("slopilot.server")
 
@@ -51,7 +52,7 @@ def build_engine(args: EngineArgs | None = None,
 def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = None,
                  protect_metrics: bool = False, max_waiting: int | None = defaults.MAX_WAITING,
                  max_request_bytes: int = defaults.MAX_REQUEST_BYTES, health_hold: float = 0.0,
-                 kv_transfer=None) -> FastAPI:
+                 kv_transfer=None, body_timeout: float = defaults.BODY_TIMEOUT_S) -> FastAPI:
     """health_hold: seconds /health answers 503 after start, as while a real server loads weights.
     kv_transfer: an engine.kv_transfer KVTransferConfig (a P/D role), or None."""
     bm = engine.block_manager
@@ -64,7 +65,7 @@ def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = No
         async_engine.set_kv_transfer(kv_transfer)
     return build_app(async_engine, model_name, api_key=api_key,
                      protect_metrics=protect_metrics, max_waiting=max_waiting,
-                     max_request_bytes=max_request_bytes, health_hold=health_hold)
+                     max_request_bytes=max_request_bytes, health_hold=health_hold, body_timeout=body_timeout)
 
 
 class DrainingServer(uvicorn.Server):
@@ -111,7 +112,7 @@ def _server(app: FastAPI, host: str, port: int, drain_timeout: float, log_level:
     # httptools and uvloop (C) rather than h11 and asyncio's loop (Python): under tests/test_server_load.py
     # the event loop's thread needs 7-9 s of CPU instead of 18-22 s, the draining of refused bodies most
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
-                            http="httptools", loop="uvloop",
+                            http=GuardedHttpTools, loop="uvloop",
                             timeout_graceful_shutdown=drain_timeout + CUT_OFF_GRACE_S, timeout_keep_alive=30)
     return DrainingServer(config, drain_timeout)
 

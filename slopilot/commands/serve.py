@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that would wait)")
     p.add_argument("--max-request-bytes", type=int, default=defaults.MAX_REQUEST_BYTES,
                    help="answer 413 to a larger request body, unread")
+    p.add_argument("--body-timeout", type=float, default=defaults.BODY_TIMEOUT_S,
+                   help="answer 408 to a request whose body has not arrived within this many seconds "
+                        "(bodies being uploaded do not count toward the in-flight cap)")
     p.add_argument("--drain-timeout", type=float, default=defaults.DRAIN_TIMEOUT_S,
                    help="seconds to finish in-flight requests after SIGTERM; what still runs then gets a "
                         f"503 and the process exits {defaults.EXIT_DRAIN_INCOMPLETE}")
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_waiting < 0:
         raise ValueError("--max-waiting must be >= 0")
+    if not args.body_timeout > 0:
+        raise ValueError("--body-timeout must be > 0")
     if args.max_request_bytes < 1:
         raise ValueError("--max-request-bytes must be >= 1")
     if args.drain_timeout < 0 or args.health_hold < 0:
@@ -104,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
                        max_request_bytes=args.max_request_bytes, health_hold=args.health_hold,
-                       kv_transfer=kv_transfer)
+                       kv_transfer=kv_transfer, body_timeout=args.body_timeout)
     print(f"serving {args.served_model_name or name} on http://{args.host}:{args.port}"
           f"{' (emulated)' if args.emulate else ''}", flush=True)
     return serve(app, args.host, args.port, args.drain_timeout, args.log_level)
