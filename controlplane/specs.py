@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autoscaler.lint import spec_warnings
 from autoscaler.spec import Spec, load_spec
-from autoscaler.yamlfile import parse
+from autoscaler.yamlfile import MAX_CHARS, parse
 from controlplane.state import name_problem
 
 AUTOSCALER_KINDS = ("ScaledObject", "InferenceAutoscaler")
@@ -61,7 +61,7 @@ def files(paths: list[str | Path]) -> list[Path]:
 def load(paths: list[str | Path]) -> Loaded:
     got = Loaded()
     for path in files(paths):
-        for doc in documents(path.read_text(), str(path)):
+        for doc in documents(read_text(path), str(path)):
             data = doc.data
             if not isinstance(data, dict):
                 raise doc.error((), "a manifest must be a mapping")
@@ -84,6 +84,21 @@ def load(paths: list[str | Path]) -> Loaded:
     if not got.specs:
         raise ValueError(f"no ScaledObject or InferenceAutoscaler found in {', '.join(map(str, paths))}")
     return got
+
+
+def read_text(path: Path) -> str:
+    """The file's text, its size checked before it is read (a huge file is refused, not loaded)."""
+    size = path.stat().st_size
+    if size > MAX_CHARS:
+        raise ValueError(f"{path}: {size} bytes, more than the limit of {MAX_CHARS} for an input file")
+    try:
+        with path.open(encoding="utf-8") as f:
+            text = f.read(MAX_CHARS + 1)  # a file growing meanwhile (or a device) is read no further
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    if len(text) > MAX_CHARS:
+        raise ValueError(f"{path}: more than the limit of {MAX_CHARS} characters for an input file")
+    return text
 
 
 def secret_values(doc: dict) -> dict[str, str]:

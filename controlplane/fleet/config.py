@@ -34,7 +34,9 @@ from autoscaler.yamlfile import Document, document, parse
 from controlplane.fleet.schema import FLEET
 from controlplane.loadgen import LoadSpec
 from controlplane.router.config import RouterConfig, load_router_config
+from controlplane.specs import read_text
 from simulator.latency import load_latency_model
+from simulator.scenario_limits import MAX_REPLICAS
 from simulator.scenario_schema import resolve
 
 RESERVED = {"host", "port", "emulate", "model", "drain_timeout"}  # serve flags the fleet sets itself
@@ -76,11 +78,7 @@ def _fmt(v) -> str:
 
 
 def _read(path: Path) -> Document:
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
-    return parse(text, str(path))
+    return parse(read_text(path), str(path))  # size-checked before it is read
 
 
 def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | None = None,
@@ -129,6 +127,9 @@ def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | Non
     if min_r > max_r:
         raise doc.error(("min_replicas",), f"must be <= max_replicas ({max_r}), got {min_r}")
     replicas = int(d.get("replicas", max(min_r, 1)))
+    for key, value in (("replicas", replicas), ("max_replicas", max_r)):
+        if value > MAX_REPLICAS:  # the scenarios' limit: one machine's fleet is far below it anyway
+            raise doc.error((key,), f"must be <= {MAX_REPLICAS}, got {value}")
     if not min_r <= replicas <= max_r:
         bounds = f"[min_replicas, max_replicas] = [{min_r}, {max_r}]"
         raise doc.error(("replicas",), f"must be within {bounds}, got {replicas}")

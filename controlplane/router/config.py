@@ -42,6 +42,7 @@ from pathlib import Path
 
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
+from controlplane.specs import read_text
 from simulator.flow import Band
 from simulator.pickers import PICKERS
 from simulator.scenario_schema import mapping
@@ -158,7 +159,7 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"router config not found: {path}")
-        doc = parse(path.read_text(), str(path))
+        doc = parse(read_text(path), str(path))
     if not isinstance(doc.data, dict):
         raise doc.error((), "a router config must be a mapping (kind: EndpointPickerConfig, plugins, ...)")
     check(router_schema(), doc)

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else the spec's minimum)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the controller's /metrics, /healthz and /readyz on this port (0: a free one)")
+    p.add_argument("--metrics-address", default="0.0.0.0",
+                   help="address those listen on (0.0.0.0: every one, so probes and Prometheus reach a pod; "
+                        "127.0.0.1: this machine only)")
     p.add_argument("--down-after-polls", type=int, default=3, metavar="N",
                    help="/readyz answers 503 (with the reason) once a metric source failed N polls in a row")
     p.add_argument("--once", action="store_true",
@@ -108,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
                 failed = True
         return 1 if failed else 0
     if args.metrics_port is not None:
-        port = telemetry.serve(args.metrics_port)
-        log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)
+        port = telemetry.serve(args.metrics_port, args.metrics_address)
+        log.info("controller metrics on http://%s:%d/metrics (/healthz, /readyz)", args.metrics_address, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -141,8 +144,8 @@ def run_kube(args: argparse.Namespace, settings, log) -> int:
     ctl = KubeController(connect(args.kubeconfig), settings, latency_model=settings.load_latency_model(),
                          telemetry=telemetry)
     if args.metrics_port is not None:
-        port = telemetry.serve(args.metrics_port)
-        log.info("controller metrics on http://0.0.0.0:%d/metrics (/healthz, /readyz)", port)
+        port = telemetry.serve(args.metrics_port, args.metrics_address)
+        log.info("controller metrics on http://%s:%d/metrics (/healthz, /readyz)", args.metrics_address, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
