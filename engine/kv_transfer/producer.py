@@ -81,6 +81,10 @@ class KVProducer:
 
     def close(self) -> None:
         self._closed = True
+        try:  # wakes the accept() of the channel thread (close alone leaves it listening on Linux)
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
     # -- channel threads -------------------------------------------------------------------------

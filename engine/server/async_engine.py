@@ -220,6 +220,8 @@ class AsyncEngine:
             update = self._update(seq)
             if seq.is_finished and self.kv is not None:
                 update.kv_transfer_params = self.kv.on_finished(seq)
+                if update.kv_transfer_params:  # leased blocks stay in vllm:kv_cache_usage_perc
+                    self.metrics.update_gauges(self.engine)
             updates.append((seq.request_id, update))
             if seq.is_finished:
                 self.engine.pop_output(seq.request_id)
