@@ -51,11 +51,22 @@ def _available() -> dict[str, str]:
     return found
 
 
-def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
-    from engine.server.defaults import version
+class _Version(argparse.Action):
+    """--version, read from the package metadata only when asked (importlib.metadata is slow to load)."""
 
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from engine.server.defaults import version
+
+        print(f"slopilot {version()}")
+        parser.exit()
+
+
+def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slopilot", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"slopilot {version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in modules.items():
         module = importlib.import_module(module_name)

@@ -5,9 +5,9 @@
 
 The cache holds every series' labels (JSON) and its samples as two flat arrays (int64 ms, float64)
 with offsets, plus the source's size and modification time: a file that changed is parsed again and
-the cache rewritten. Series are turned into the lists the evaluator reads only when a query selects
-them, so a query over a few families of a large recording touches only those. Where the cache cannot
-be written (a read-only folder) the file is simply parsed each time.
+the cache rewritten. A series reads the arrays directly (a binary search per lookup), so a query
+over a few families of a large recording touches only their samples near the times it asks about.
+Where the cache cannot be written (a read-only folder) the file is simply parsed each time.
 """
 
 from __future__ import annotations
@@ -34,15 +34,30 @@ def _stamp(source: Path) -> list[int]:
     return [VERSION, st.st_size, st.st_mtime_ns]
 
 
-class CachedStorage(MemoryStorage):
-    """A MemoryStorage whose series hold numpy arrays until a query selects them."""
+class ArraySeries(Series):
+    """A series over slices of the cache's arrays: a lookup reads one sample, a window copies only
+    its own samples into the lists the evaluator works on."""
 
-    def select(self, matchers) -> list[Series]:
-        found = super().select(matchers)
-        for s in found:
-            if not isinstance(s.ts, list):
-                s.ts, s.vs = s.ts.tolist(), s.vs.tolist()
-        return found
+    __slots__ = ()
+
+    def latest(self, t: int, lookback: int) -> float | None:
+        i = int(np.searchsorted(self.ts, t, side="right")) - 1
+        if i < 0 or self.ts[i] < t - lookback:
+            return None
+        return float(self.vs[i])
+
+    def latest_at(self, t: int, lookback: int) -> int | None:
+        i = int(np.searchsorted(self.ts, t, side="right")) - 1
+        return int(self.ts[i]) if i >= 0 and self.ts[i] >= t - lookback else None
+
+    def between(self, mint: int, maxt: int) -> tuple[list[int], list[float]]:
+        lo = int(np.searchsorted(self.ts, mint, side="left"))
+        hi = int(np.searchsorted(self.ts, maxt, side="right"))
+        return self.ts[lo:hi].tolist(), self.vs[lo:hi].tolist()
+
+
+class CachedStorage(MemoryStorage):
+    """The series of a cache file (read only: no samples are appended)."""
 
 
 def _write(store: MemoryStorage, source: Path, stamp: list[int]) -> None:
@@ -77,7 +92,7 @@ def _read(source: Path, stamp: list[int]) -> CachedStorage | None:
     store = CachedStorage()
     for i, lb in enumerate(labels):
         key = tuple(tuple(kv) for kv in lb)
-        s = Series(key)
+        s = ArraySeries(key)
         s.ts, s.vs = ts[offsets[i]:offsets[i + 1]], vs[offsets[i]:offsets[i + 1]]
         store.series[key] = s
         store.by_name.setdefault(get(key, "__name__"), []).append(s)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from typing import IO, Iterable
 
-from prometheus_client.utils import floatToGoString
-
 from simulator.promql.storage import Labels, MemoryStorage, labels_of
 
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
@@ -54,6 +52,8 @@ class _Stamps:
 
 def write_openmetrics(f: IO[str], families: Iterable[tuple[str, str, list]]) -> int:
     """families: (family name, type, [(labels, ts, vs)]); returns the number of samples written."""
+    from prometheus_client.utils import floatToGoString  # here: readers need not load the client
+
     stamp = _Stamps()
     n = 0
     for family, kind, series in families:
