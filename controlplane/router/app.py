@@ -29,6 +29,7 @@ from controlplane.router.config import RouterConfig
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
 from controlplane.router.metrics import RouterMetrics
+from controlplane.router.pd import PDSettings, PrefillHop
 from controlplane.router.pool import Pool
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
 from controlplane.router.proxy import error_body, forward, forward_headers
@@ -44,7 +45,7 @@ PROXIED = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> ch
 class RouterState:
     def __init__(self, cfg: RouterConfig, discover: Callable[[], list[str]], api_key: str | None,
                  upstream_key: str | None, pool_name: str, state_dir: str | None = None,
-                 batch_inflight: int = 64):
+                 batch_inflight: int = 64, pd: PDSettings | None = None):
         self.cfg, self.api_key, self.upstream_key = cfg, api_key, upstream_key
         self.metrics = RouterMetrics(pool_name)
         self.pool = Pool(cfg, discover, self.metrics)
@@ -55,6 +56,7 @@ class RouterState:
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
         self.batch = BatchService(self, state_dir, batch_inflight)  # /v1/files, /v1/batches
+        self.pd = PrefillHop(pd, self.metrics.registry) if pd is not None else None  # the P/D profile
 
 
 class RouterApp:
@@ -137,14 +139,25 @@ class RouterApp:
         st.metrics.arrived(model, priority)
         hashes, tokens = st.reader.read(request_prompt(data, PROXIED[req.path]))
         p = Pending(hashes, tokens, h.get(cfg.session_header), priority, model, time.monotonic())
+        split = st.pd is not None and st.pd.decide(st.gate, p)  # before the pick records the prefix
         try:
             await st.gate.acquire(p)
             headers = forward_headers(req.headers, st.upstream_key)
+            if split:
+                body = await self.prefill(p, req.path, data, headers)
             streaming = bool(data.get("stream"))
             await forward(st.gate, st.upstream, p, req.path, body, headers, streaming, conn)
         except Refused as exc:
             st.metrics.errors.labels(model, str(priority), str(exc.status)).inc()
             json_error(conn, exc.status, str(exc), exc.kind)
+
+    async def prefill(self, p: Pending, path: str, data: dict, headers: bytes) -> bytes:
+        """The P/D profile's first hop; the decode hop's body. On failure the decode slot is freed."""
+        try:
+            return await self.st.pd.run(self.st.upstream, path, data, headers)
+        except BaseException:
+            self.st.gate.release(p)
+            raise
 
     async def batch(self, req: Request, conn: Connection) -> None:
         h = {k.decode("latin-1"): v.decode("latin-1") for k, v in req.headers}
@@ -195,7 +208,9 @@ def json_error(conn: Connection, status: int, message: str, kind: str) -> None:
 
 def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, api_key: str | None = None,
                      upstream_key: str | None = None, pool_name: str = "default",
-                     state_dir: str | None = None, batch_inflight: int = 64) -> RouterApp:
+                     state_dir: str | None = None, batch_inflight: int = 64,
+                     pd: PDSettings | None = None) -> RouterApp:
     """discover() -> the endpoints' base URLs now (called every refresh; must not block). state_dir: the
     Batch API's store (none: in memory); batch_inflight: batch lines out at a time."""
-    return RouterApp(RouterState(cfg, discover, api_key, upstream_key, pool_name, state_dir, batch_inflight))
+    return RouterApp(RouterState(cfg, discover, api_key, upstream_key, pool_name, state_dir, batch_inflight,
+                                 pd))

@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-timeout", type=float, default=60.0,
                    help="seconds a keep-alive connection may idle")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--prefill-endpoint", action="append", default=[], metavar="URL",
+                   help="a prefill engine (kv_producer role; repeatable): turns on the P/D profile, the "
+                        "endpoints above then decode (kv_consumer role)")
+    p.add_argument("--pd-threshold", type=int, default=0, metavar="TOKENS",
+                   help="with --prefill-endpoint: disaggregate a request when its prompt has more than "
+                        "this many uncached tokens, else send it whole to a decode endpoint")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,11 +75,16 @@ def run(args: argparse.Namespace) -> int:
         discover = discovery.file_sd(args.targets)
     else:
         discover = discovery.KubernetesEndpoints(args.k8s_service, args.namespace, args.k8s_port)
+    pd = None
+    if args.prefill_endpoint:
+        from controlplane.router.pd import PDSettings
+
+        pd = PDSettings(args.prefill_endpoint, args.pd_threshold)
     if args.batch_max_inflight < 1:
         raise ValueError(f"--batch-max-inflight must be >= 1, got {args.batch_max_inflight}")
     app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,
                            pool_name=args.pool_name, state_dir=args.state_dir,
-                           batch_inflight=args.batch_max_inflight)
+                           batch_inflight=args.batch_max_inflight, pd=pd)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     for flag in ("max_connections", "header_timeout", "body_timeout", "idle_timeout"):
         if not getattr(args, flag) > 0:
