@@ -59,6 +59,11 @@ def test_two_hops_match_aggregated_and_free_everything(model_dir):
             assert "kv_transfer_params" not in want  # plain answers keep their shape
         # the consumer confirmed every read: the producer's leases ended, both pools are idle
         assert wait_for(lambda: kv_usage(p.url) == 0.0 and kv_usage(d.url) == 0.0)
+        assert metric(d.url, "vllm:nixl_xfer_time_seconds_count") == 3  # the 1-token one: handshake only
+        moved = (39 // 16 + 599 // 16) * 16 * 2 * 2 * 2 * 16 * 4  # tokens x layers x K,V x heads x dim x 4 B
+        assert metric(d.url, "vllm:nixl_bytes_transferred_sum") == moved
+        assert metric(p.url, "slopilot:kv_transfer_leased_blocks") == 0
+        assert metric(p.url, "slopilot:kv_transfer_role_info", kv_role="kv_producer") == 1
 
 
 def test_unread_lease_is_freed_at_its_timeout(model_dir):
@@ -68,7 +73,9 @@ def test_unread_lease_is_freed_at_its_timeout(model_dir):
         r = httpx.post(p.url + CMPL, json=body(ids, max_tokens=1, kv_transfer_params=PREFILL), timeout=60)
         assert len(r.json()["kv_transfer_params"]["remote_block_ids"]) == 12
         assert kv_usage(p.url) == pytest.approx(12 / 256)  # held by the lease
+        assert metric(p.url, "slopilot:kv_transfer_leased_blocks") == 12
         assert wait_for(lambda: kv_usage(p.url) == 0.0, timeout=5.0)  # no consumer ever came
+        assert metric(p.url, "vllm:nixl_num_kv_expired_reqs_total") == 1
 
 
 def test_block_size_mismatch_refused_at_handshake(model_dir):

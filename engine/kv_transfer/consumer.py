@@ -79,7 +79,7 @@ class KVConsumer:
         self.bytes_received = 0
         self.blocks_received = 0
         self.num_failed = 0  # pulls that fell back to computing the prompt here
-        self.transfer_seconds: list[float] = []  # each finished pull, for the metrics to drain
+        self.transfers: list[tuple[float, int]] = []  # (seconds, bytes) of each pull, for the metrics
 
     def begin(self, request_id: str, prompt_ids: list[int], params: dict[str, Any], args: tuple) -> None:
         """Starts the pull of a do_remote_prefill request (engine thread)."""
@@ -143,7 +143,7 @@ class KVConsumer:
                         bm.register(block, h)
                     self.bytes_received += len(result)
                     self.blocks_received += len(pull.blocks)
-                    self.transfer_seconds.append(time.perf_counter() - pull.started)
+                    self.transfers.append((time.perf_counter() - pull.started, len(result)))
             bm.release(pull.blocks)  # registered blocks stay cached (evictable) until admission
             if not pull.aborted:
                 out.append((pull, error))

@@ -60,10 +60,12 @@ class AsyncEngine:
         self.num_waiting = 0  # the scheduler's waiting queue after the last step
         self.kv = None  # an engine.kv_transfer KVConnector when the engine has a P/D role
 
-    def set_kv_transfer(self, cfg) -> None:
+    def set_kv_transfer(self, cfg, model_name: str) -> None:
         from engine.kv_transfer.connector import KVConnector
+        from engine.kv_transfer.metrics import KVTransferMetrics
 
         self.kv = KVConnector(cfg, self.engine, lambda: self._commands.put(("kv",)))
+        self.kv_metrics = KVTransferMetrics(self.metrics.registry, model_name, 0, cfg.kv_role)
 
     # -- event-loop side -------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -193,6 +195,7 @@ class AsyncEngine:
             except ValueError as exc:
                 self._send(pull.request_id, error_update(str(exc), 400, len(pull.args[0])))
         self.metrics.update_gauges(self.engine)
+        self.kv_metrics.sync(self.kv)
         self.num_waiting = len(self.engine.scheduler.waiting)
 
     def _abort(self, request_id: str) -> None:
@@ -222,6 +225,7 @@ class AsyncEngine:
                 update.kv_transfer_params = self.kv.on_finished(seq)
                 if update.kv_transfer_params:  # leased blocks stay in vllm:kv_cache_usage_perc
                     self.metrics.update_gauges(self.engine)
+                    self.kv_metrics.sync(self.kv)
             updates.append((seq.request_id, update))
             if seq.is_finished:
                 self.engine.pop_output(seq.request_id)

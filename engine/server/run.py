@@ -62,7 +62,7 @@ def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = No
     metrics.update_gauges(engine)
     async_engine = AsyncEngine(engine, metrics)
     if kv_transfer is not None:
-        async_engine.set_kv_transfer(kv_transfer)
+        async_engine.set_kv_transfer(kv_transfer, model_name)
     return build_app(async_engine, model_name, api_key=api_key,
                      protect_metrics=protect_metrics, max_waiting=max_waiting,
                      max_request_bytes=max_request_bytes, health_hold=health_hold, body_timeout=body_timeout)
