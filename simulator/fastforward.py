@@ -26,7 +26,9 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
     True when every running request has only its last sampled token to compute, no waiting request
     can be admitted (the batch is full, or the next request to start does not fit now, and free blocks only
     shrink while decoding), up to the first step that finishes a request (max_tokens, max_model_len),
-    and as long as every block allocation succeeds.
+    and as long as every block allocation succeeds. With a prefix cache, a waiting request whose
+    cached blocks sit in the free queue may fit once an allocation evicts them: the stretch then ends
+    before the next step that allocates.
     """
     running = sched.running
     if not running or len(running) > sched.max_num_batched_tokens:
@@ -41,16 +43,24 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
     if limit <= 0:
         return 0, False
     bm = sched.bm
+    bs = bm.block_size
+    finish_at = limit  # the step that finishes a request
     if sched.waiting and len(running) < sched.max_num_seqs:
         budget = sched.max_num_batched_tokens - len(running)
         if budget > 0:
             fit = sched.first_fit(budget)
             if fit is not None and bm.can_admit(sched.waiting[fit[0]], fit[1], fit[3]):
                 return 0, False
+            if fit is not None and bm.enable_prefix_caching and any(bm.allocator.is_free(b) for b in fit[1]):
+                # an allocation may evict the waiting request's cached free blocks, which then no
+                # longer count against the free ones it needs: it may fit at the next step that
+                # allocates; stop before that step (steps that allocate nothing change nothing)
+                limit = min(limit, min(len(s.block_table) * bs - s.num_computed_tokens for s in running))
+                if limit <= 0:
+                    return 0, False
     free = bm.num_free_blocks
-    bs = bm.block_size
     if _blocks_needed(running, bs, limit) <= free:
-        return limit, True
+        return limit, limit == finish_at
     lo, hi = 0, limit  # need(lo) <= free < need(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -58,7 +58,7 @@ class PDService:
         if not decode:
             f.backlog.append(seq)
             return
-        cached = max(len(r.bm.lookup_prefix(seq)[0]) * r.bm.block_size for r in decode)
+        cached = max(self.cached_tokens(r, seq) for r in decode)
         if seq.num_prompt_tokens - cached <= sp.threshold:
             f.send(seq, decode)  # not worth a transfer: the decode replica does it all
             return
@@ -70,6 +70,19 @@ class PDService:
         hop = SimSequence(seq.index, seq.token_ids, 1, seq.arrival_time)
         hop.pd_decode = seq  # the original request, its decode hop to come
         f.send(hop, prefill)
+
+    @staticmethod
+    def cached_tokens(rep, seq: SimSequence) -> int:
+        """The prompt's prefix-cache hit on a decode replica now. Inside a decode stretch the blocks
+        its steps (and reservations deferred behind them) will take have not been taken yet; a
+        step-by-step run has taken them, evicting the cached blocks at the head of the free queue,
+        so those are not hits."""
+        hits = rep.bm.lookup_prefix(seq)[0]
+        ahead = rep.ff_extra_blocks() + rep.deferred_blocks
+        if hits and ahead and any(rep.bm.allocator.is_free(b) for b in hits):
+            gone = set(rep.bm.allocator.free_queue()[:ahead])
+            hits = hits[: next((k for k, b in enumerate(hits) if b in gone), len(hits))]
+        return len(hits) * rep.bm.block_size
 
     def on_finish(self, rep, seq: SimSequence) -> bool:
         """True when `seq` was a prefill hop (handled here); else the request's own end."""
@@ -93,7 +106,21 @@ class PDService:
         spec = rep.pool.spec
         if rep.num_running + rep.reserved >= spec.max_num_seqs:
             return False
-        return rep.bm.num_free_blocks - rep.ff_extra_blocks() >= blocks
+        return rep.bm.num_free_blocks - rep.ff_extra_blocks() - rep.deferred_blocks >= blocks
+
+    @staticmethod
+    def reserve(rep, seq: SimSequence) -> None:
+        """Takes the prompt's KV blocks on the decode replica (its KV usage counts them from now on).
+        Inside a decode stretch the blocks the stretch has grown into are not taken yet: the
+        reservation waits for them (the stretch is cut at the step in progress) so blocks are taken
+        in the order, and with the evictions, of a step-by-step run."""
+        rep.reserved += 1
+        if rep._grow is None:
+            rep.bm.append_slots(seq, seq.num_prompt_tokens)
+            return
+        rep.deferred.append((seq, seq.num_prompt_tokens))
+        rep.deferred_blocks += cdiv(seq.num_prompt_tokens, rep.bm.block_size)
+        rep.cut_stretch()
 
     def admit(self) -> None:
         f = self.f
@@ -107,9 +134,7 @@ class PDService:
             k = f.router.pick(room, seq.token_ids if f.router.uses_prefix else None)
             rep = room[k]
             f.requests.routed(seq.index, rep.id, rep.pool.index)
-            rep.bm.append_slots(seq, seq.num_prompt_tokens)  # the reservation: KV usage counts it now
-            rep.reserved += 1
-            rep.cut_stretch()  # fewer free blocks: a decode stretch in progress must be re-planned
+            self.reserve(rep, seq)
             now = f.env.now
             self.reserved[seq.index] = now
             seq.replica_arrival = now

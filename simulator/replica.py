@@ -43,6 +43,8 @@ class Replica:
         self.gone_at: int | None = None
         self.outstanding = 0
         self.reserved = 0  # P/D: KV reservations whose transfer is still on its way (simulator.pd)
+        self.deferred: list = []  # P/D reservations made inside a decode stretch: (seq, tokens)
+        self.deferred_blocks = 0
         self.busy_ps = 0  # time spent stepping (utilisation)
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
@@ -225,6 +227,11 @@ class Replica:
                 yield env.timeout(rest)
         self._ff = self._grow = None
         advance_decodes(self.bm, seqs, steps, SAMPLED_TOKEN)
+        for seq, tokens in self.deferred:  # after the steps' blocks, as a step-by-step run took them
+            computed, seq.num_computed_tokens = seq.num_computed_tokens, 0
+            self.bm.append_slots(seq, tokens)
+            seq.num_computed_tokens = computed
+        self.deferred, self.deferred_blocks = [], 0
         # step j lasts a + b*(dc + ds*j): the inter-token time of each of the ds sequences
         self.metrics.observe_arithmetic(
             "inter_token_latency_seconds", (a + b * dc) / PS, b * ds / PS, steps, ds

@@ -130,3 +130,31 @@ def test_derived_model_gives_kv_bytes_per_token():
 
     assert model_kv_bytes_per_token(load_latency_model("llama-3.1-70b@h100-sxm-tp4-bf16")) == KVB
     assert model_kv_bytes_per_token(STUB) is None
+
+
+def test_fast_path_equals_stepping_for_pd_with_shared_prefixes(shared_data):
+    """Mooncake's shared prefix blocks on both pools' caches, a decode pool small enough to preempt
+    and to make prefilled requests wait: the hard case for the fast path (evictions, deferred
+    reservations, re-admissions after preemption)."""
+    pool = {"latency_model": "stub", "max_num_batched_tokens": 4096, "max_model_len": 32768}
+    sc = load_scenario({
+        "seed": 3, "duration": 100,
+        "workload": {"trace": {"format": "mooncake", "limit": 300,
+                               "path": str(shared_data / "traces" / "mooncake_conversation.jsonl")},
+                     "max_prompt_tokens": 16000, "max_output_tokens": 300},
+        "pools": [{**pool, "name": "prefill", "replicas": 2, "kv_blocks": 3000},
+                  {**pool, "name": "decode", "replicas": 2, "kv_blocks": 1100}],
+        "router": {"policy": "round_robin"},
+        "pd": {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 512,
+               "link": {"bandwidth_gbs": 25, "latency_ms": 2}, "kv_bytes_per_token": KVB}})
+    wl = build_workload(sc, 3)
+    fast, slow = _run(sc, wl, True), _run(sc, wl, False)
+    for name in ("first_sched", "first_token", "finish", "cached", "generated", "preemptions", "status",
+                 "replica"):
+        np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name),
+                                      err_msg=name)
+    for k in ("prefill_sched", "prefilled", "reserved", "transferred"):
+        np.testing.assert_array_equal(getattr(fast.pd, k), getattr(slow.pd, k), err_msg=k)
+    assert fast.requests.cached.sum() > 0 and fast.requests.preemptions.sum() > 0
+    assert np.nanmax(fast.pd.table()["admission_wait"]) > 1.0
+    assert (fast.requests.status == 1).all()
