@@ -247,6 +247,10 @@ class MetricStore:
     def instant(self, matchers, t: int, lookback: int):
         return self.targets.instant(matchers, t, lookback) + self.recorded.instant(matchers, t, lookback)
 
+    def instant_times(self, matchers, t: int, lookback: int):
+        return (self.targets.instant_times(matchers, t, lookback)
+                + self.recorded.instant_times(matchers, t, lookback))
+
     def window(self, matchers, mint: int, maxt: int):
         return self.targets.window(matchers, mint, maxt) + self.recorded.window(matchers, mint, maxt)
 

@@ -100,6 +100,16 @@ class TargetStorage:
                 out += [(c.labels, float(row[c.index])) for c in cols]
         return out
 
+    def instant_times(self, matchers, t: int, lookback: int) -> list:
+        """instant() with each sample's own (scrape) time, for timestamp()."""
+        out = []
+        for target, cols in self.select(matchers):
+            row = target.row_at(t, lookback)
+            if row is not None:
+                at = target.ts[bisect.bisect_right(target.ts, t) - 1]
+                out += [(c.labels, at, float(row[c.index])) for c in cols]
+        return out
+
     def window(self, matchers, mint: int, maxt: int) -> Matrix:
         out = []
         for target, cols in self.select(matchers):
