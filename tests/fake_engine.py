@@ -4,7 +4,8 @@ knobs for the broken behaviours a real fleet shows.
 
     eng = FakeEngine().start()
     eng.waiting = "+Inf"          # what its /metrics says for vllm:num_requests_waiting
-    eng.mode = "hang"             # ok | hang (accept, never answer) | 429 | big (a huge JSON answer)
+    eng.mode = "hang"             # ok | hang (accept, never answer) | hang_all (/health, /metrics too)
+                                  # | 429 | big (a huge JSON answer)
     eng.active, eng.aborted       # requests being handled now; requests whose client left first
     eng.stop()
 """
@@ -73,6 +74,9 @@ class FakeEngine:
                 length = next((int(x.split(b":")[1]) for x in lines
                                if x.lower().startswith(b"content-length:")), 0)
                 body = await reader.readexactly(length)
+                if self.mode == "hang_all":  # a hung process: nothing answered at all
+                    await self._gone(reader, None)
+                    return
                 if path.startswith("/metrics"):
                     self._send(writer, 200, self.metrics_page(), b"text/plain")
                 elif path == "/health":

@@ -63,12 +63,18 @@ def test_timeouts_come_from_the_config_per_route():
 def test_a_hanging_engine_is_timed_out_and_the_request_served_elsewhere(pair):
     hang, ok = pair
     hang.mode = "hang"
-    with router(pair, first_byte_timeout=0.5, eject_after=100) as r, httpx.Client(timeout=10) as c:
-        for _ in range(6):
+    with router(pair, first_byte_timeout=0.5, total_timeout=1.0, eject_after=100) as r, \
+            httpx.Client(timeout=10) as c:
+        for _ in range(6):  # a stream: its first byte is due within 0.5 s
+            t0 = time.monotonic()
+            resp = c.post(r.url + "/v1/completions", json={**BODY, "stream": True})
+            assert resp.status_code == 200 and "t4" in resp.text
+            assert time.monotonic() - t0 < 2.0  # at most one first-byte timeout, not 130 s
+        for _ in range(4):  # not streaming: the first byte comes with the last, so the total bounds it
             t0 = time.monotonic()
             resp = c.post(r.url + "/v1/completions", json=BODY)
             assert resp.status_code == 200 and resp.json()["port"] == ok.port
-            assert time.monotonic() - t0 < 2.0  # at most one first-byte timeout, not 130 s
+            assert time.monotonic() - t0 < 2.5
         assert hang.requests >= 1 and wait_for(lambda: hang.active == 0)  # the engine saw each one go
         assert 'slopilot_router_retries_total{reason="timeout"}' in c.get(r.url + "/metrics").text
         ok.mode = "hang"  # nowhere to go: a 503 after the timeouts, not a hang

@@ -135,7 +135,7 @@ class RouterConfig:
     connect_timeout: float = 2.0
     eject_after: int = 1  # consecutive failures (refused, 503, failed scrape) before an endpoint is ejected
     max_retries: int = 2  # other endpoints tried before the first byte
-    first_byte_timeout: float = 60.0  # no byte of an engine's answer by then: another endpoint
+    first_byte_timeout: float = 60.0  # no byte of an engine's stream by then: another endpoint
     total_timeout: float = 600.0  # the whole answer (a stream's last chunk) by then, else cut off
     route_timeouts: dict[str, tuple[float, float]] = field(default_factory=dict)  # path -> both
     source: str = "ROUTER"

@@ -1,7 +1,8 @@
 """Forwarding one request to the chosen endpoint: retries before the first byte, streaming passed through.
 
 Before anything reaches the client (a refused connection, a 503, a connection lost before the first
-chunk, no byte within the route's first-byte timeout) the request goes to another endpoint, at most
+chunk, no byte of a stream within the route's first-byte timeout, no answer within the total one) the
+request goes to another endpoint, at most
 `max_retries` times; a 429 marks the endpoint busy for a moment (the gate sends it nothing) and the
 request goes elsewhere once. Once the first chunk has gone out, a lost upstream (or the route's total
 timeout) ends the stream with an OpenAI-style error event and `data: [DONE]`. A client that goes away,
@@ -47,7 +48,7 @@ def forward_headers(headers: list[tuple[bytes, bytes]], upstream_key: str | None
 
 
 async def _open(up: Upstream, url: str, path: str, body: bytes, headers: bytes,
-                timeouts: tuple[float, float]) -> tuple[Response, bytes]:
+                timeouts: tuple[float | None, float]) -> tuple[Response, bytes]:
     """The answer up to (and including) its first body chunk."""
     resp = await up.request(url, b"POST", path, headers, body, first_body=True, timeout=timeouts[1],
                             first_byte_timeout=timeouts[0])
@@ -77,7 +78,9 @@ async def _forward(gate: Gate, client: Upstream, p: Pending, path: str, body: by
     tried: set[str] = set()
     last = "no endpoint"
     busy_retried = False
-    timeouts = gate.cfg.timeouts(path)
+    first_byte, total = gate.cfg.timeouts(path)
+    # a non-streaming answer's first byte comes with its last: only the total bounds it
+    timeouts = (first_byte if streaming else None, total)
     while p.endpoint is not None:
         ep = p.endpoint
         tried.add(ep.url)
