@@ -57,13 +57,17 @@ def _fmt(v) -> str:
 def write_requests_csv(fleet, path: Path) -> None:
     req = request_table(fleet)
     cols = [req[c] for c in REQUEST_COLUMNS]
+    # a P/D service adds each request's hops after the status (simulator.pd): seconds, NaN when whole
+    pd = fleet.pd.table() if getattr(fleet, "pd", None) is not None else {}
+    pd_cols = [pd[k].astype(int) if k == "disaggregated" else pd[k] for k in pd]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(REQUEST_COLUMNS)
+        w.writerow([*REQUEST_COLUMNS, *(f"pd_{k}" for k in pd)])
         status_names = STATUS
         for i in range(len(req["id"])):
             row = [_fmt(c[i]) for c in cols[:-1]]
             row.append(status_names[int(cols[-1][i])])
+            row += [_fmt(c[i]) for c in pd_cols]
             w.writerow(row)
 
 

@@ -158,3 +158,20 @@ def test_fast_path_equals_stepping_for_pd_with_shared_prefixes(shared_data):
     assert fast.requests.cached.sum() > 0 and fast.requests.preemptions.sum() > 0
     assert np.nanmax(fast.pd.table()["admission_wait"]) > 1.0
     assert (fast.requests.status == 1).all()
+
+
+def test_requests_csv_carries_each_requests_hops(tmp_path):
+    import csv
+
+    from simulator.run import simulate
+
+    sc = _scenario()
+    wl = Workload(np.array([1.0, 2.0]), np.array([2000, 100]), np.array([10, 5]))
+    simulate(sc, out_dir=tmp_path, workload=wl, plots=False, models={"stub": STUB})
+    rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
+    assert rows[0]["pd_disaggregated"] == "1" and rows[1]["pd_disaggregated"] == "0"
+    assert float(rows[0]["pd_transfer"]) == pytest.approx(0.002 + 2000 * KVB / 25e9, abs=1e-6)
+    assert rows[1]["pd_transfer"] == ""  # served whole by a decode replica: no hop times
+    hops = sum(float(rows[0][f"pd_{k}"]) for k in ("prefill_queue", "prefill", "admission_wait", "transfer",
+                                                   "first_decode_step"))
+    assert hops == pytest.approx(float(rows[0]["ttft"]), abs=1e-5)  # TTFT is the sum of the hops
