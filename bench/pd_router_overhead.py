@@ -1,0 +1,120 @@
+"""The router's added time on the P/D path: two hops through `slopilot route` vs the same two hops made
+by the client itself, in the same run, interleaved, over loopback.
+
+A prefill engine and a decode engine (`serve tiny` with --kv-transfer-config, real weights) and the
+router (`route --endpoint DECODE --prefill-endpoint PREFILL --pd-threshold 0`) each in a process of
+its own. Each round sends one fresh prompt (no prefix-cache hit anywhere) the direct way — POST to the
+prefill engine with `max_tokens: 1` and `kv_transfer_params: {"do_remote_decode": true}`, then POST to
+the decode engine with the answer's `kv_transfer_params` — and another fresh prompt through the router,
+in random order. Prints each path's end-to-end p50/p90, the difference of the medians and the median
+of the per-round differences, with the 1-minute load average.
+
+    .venv/bin/python bench/pd_router_overhead.py [--rounds 60] [--prompt-tokens 256] [--max-tokens 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", *args, "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{' '.join(args)} did not start")
+        time.sleep(0.2)
+
+
+def role(r: str) -> list[str]:
+    return ["--kv-transfer-config", json.dumps({"kv_connector": "TcpConnector", "kv_role": r})]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    args = ap.parse_args()
+    procs = []
+    try:
+        p, purl = spawn(["serve", "tiny", *role("kv_producer")])
+        procs.append(p)
+        d, durl = spawn(["serve", "tiny", *role("kv_consumer")])
+        procs.append(d)
+        r, rurl = spawn(["route", "--endpoint", durl, "--prefill-endpoint", purl, "--pd-threshold", "0"])
+        procs.append(r)
+        rng = random.Random(0)
+        client = httpx.Client(timeout=60, trust_env=False)
+
+        def body(**extra) -> dict:
+            ids = [rng.randrange(3, 500) for _ in range(args.prompt_tokens)]
+            return {"model": "tiny", "prompt": ids, "max_tokens": args.max_tokens, "temperature": 0,
+                    "ignore_eos": True, **extra}
+
+        def direct() -> float:
+            b, t0 = body(), time.perf_counter()
+            first = client.post(purl + "/v1/completions", json={**b, "max_tokens": 1, "kv_transfer_params":
+                                                                {"do_remote_decode": True}}).json()
+            out = client.post(durl + "/v1/completions", json={**b, "kv_transfer_params":
+                                                              first["kv_transfer_params"]})
+            assert out.status_code == 200, out.text
+            return time.perf_counter() - t0
+
+        def routed() -> float:
+            b, t0 = body(), time.perf_counter()
+            out = client.post(rurl + "/v1/completions", json=b)
+            assert out.status_code == 200, out.text
+            return time.perf_counter() - t0
+
+        for _ in range(5):  # warm-up: connections, first steps
+            direct(), routed()
+        times: dict[str, list[float]] = {"direct": [], "routed": []}
+        for _ in range(args.rounds):
+            for name, fn in rng.sample([("direct", direct), ("routed", routed)], 2):
+                times[name].append(fn())
+        split = client.get(rurl + "/metrics").text
+        assert 'slopilot_router_pd_decisions_total{decision="disaggregated"}' in split
+        for name, ts in times.items():
+            ms = np.array(ts) * 1e3
+            print(f"{name:7s} p50 {np.median(ms):7.2f} ms  p90 {np.percentile(ms, 90):7.2f} ms (n={len(ms)})")
+        added = (np.median(times["routed"]) - np.median(times["direct"])) * 1e3
+        paired = np.median(np.array(times["routed"]) - np.array(times["direct"])) * 1e3
+        print(f"router added at p50: {added:.2f} ms (difference of medians), {paired:.2f} ms (median of the "
+              f"rounds' differences)   load average (1 min): {os.getloadavg()[0]:.1f}")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
