@@ -146,23 +146,36 @@ def _split_sample(line: str, where: str) -> tuple[str, dict, list[str]]:
 
 
 def read_openmetrics(lines: Iterable[str], name: str = "series.om") -> MemoryStorage:
-    """Every sample with a timestamp, into a MemoryStorage (samples of a series in time order)."""
+    """Every sample with a timestamp, into a MemoryStorage (samples of a series in time order).
+
+    A series' text (name and labels) is parsed the first time it is met; later lines of the same
+    series, the bulk of a recording, only split off their value and timestamp."""
     store = MemoryStorage()
+    known: dict[str, object] = {}  # series text -> its labels
     for lineno, line in enumerate(lines, start=1):
         line = line.rstrip("\n")
-        if not line or line.startswith("#"):
+        if not line or line[0] == "#":
             continue
-        where = f"{name} line {lineno}"
-        metric, labels, fields = _split_sample(line, where)
-        if len(fields) < 2:
-            raise ValueError(f"{where}: a sample needs a value and a timestamp")
+        head, _, tail = line.rpartition(" ")
+        head, _, value_text = head.rpartition(" ")
+        labels = known.get(head)
+        if labels is None:
+            where = f"{name} line {lineno}"
+            metric, parsed, fields = _split_sample(line, where)
+            if len(fields) < 2:
+                raise ValueError(f"{where}: a sample needs a value and a timestamp")
+            labels = labels_of({**parsed, "__name__": metric})
+            if fields == [value_text, tail]:  # the fast split agrees (no exemplar, single spaces)
+                known[head] = labels
+            value_text, tail = fields[0], fields[1]
         try:
-            value = float(fields[0])
-            t = int(float(fields[1]) * 1000)
+            value = float(value_text)
+            t = int(float(tail) * 1000)
         except ValueError:
-            raise ValueError(f"{where}: bad value or timestamp {' '.join(fields[:2])!r}") from None
+            pair = f"{value_text} {tail}"
+            raise ValueError(f"{name} line {lineno}: bad value or timestamp {pair!r}") from None
         try:
-            store.append(labels_of({**labels, "__name__": metric}), t, value)
+            store.append(labels, t, value)
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"{name} line {lineno}: {exc}") from None
     return store
