@@ -13,6 +13,7 @@ an empty value means the label is absent, so none is ever stored.
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Iterable, Protocol
 
 Labels = tuple[tuple[str, str], ...]
@@ -31,7 +32,9 @@ def get(labels: Labels, name: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def drop_name(labels: Labels) -> Labels:
+    """labels without __name__ (cached: every function calls this for every series at every step)."""
     return tuple(kv for kv in labels if kv[0] != "__name__")
 
 
