@@ -206,3 +206,33 @@ def test_example_shows_the_pd_trade(shared_data):
     # the median transfer: 1 ms + a median disaggregated prompt's 327,680 bytes a token at 50 GB/s
     assert 0.02 < two["pd"]["transfer"]["p50"] < 0.1
     assert agg["requests"]["ok"] == one["requests"]["ok"] == two["requests"]["ok"] == len(wl)
+
+
+def test_each_pool_scales_on_its_own_series():
+    """A KEDA ScaledObject on the prefill pool reads the prefill role's queue under vLLM's name and
+    scales that pool alone; the decode pool keeps its count."""
+    keda = {"spec": {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "prefill"},
+        "spec": {"scaleTargetRef": {"name": "prefill"}, "pollingInterval": 15, "cooldownPeriod": 60,
+                 "minReplicaCount": 1, "maxReplicaCount": 6,
+                 "triggers": [{"type": "prometheus", "metadata": {
+                     "serverAddress": "http://prometheus:9090", "threshold": "2",
+                     "query": 'sum(vllm:num_requests_waiting{job="prefill"})'}}]}}}
+    sc = load_scenario({
+        "seed": 3, "duration": 150,
+        "workload": {"arrivals": {"process": "gamma", "cv": 1.0, "rate": 8},
+                     "prompt_tokens": {"dist": "lognormal", "mean": 6000, "median": 5000, "max": 12000},
+                     "output_tokens": {"dist": "lognormal", "mean": 100, "median": 80, "max": 300}},
+        "pools": [{"name": "prefill", "latency_model": "stub", "replicas": 1, "kv_blocks": 4000,
+                   "max_num_batched_tokens": 4096, "provisioning_delay": 10, "autoscaler": keda},
+                  {"name": "decode", "latency_model": "stub", "replicas": 2, "kv_blocks": 8000,
+                   "autoscaler": {"fixed": 2}}],
+        "pd": {"prefill_pool": "prefill", "decode_pool": "decode",
+               "link": {"bandwidth_gbs": 25, "latency_ms": 2}, "kv_bytes_per_token": KVB}})
+    f = _run(sc, build_workload(sc, 3))
+    pre, dec = f.pools
+    assert pre.scale_events and max(to for _, _, to in pre.scale_events) > 1
+    assert not dec.scale_events and len(dec.replicas) == 2
+    assert (f.requests.status == 1).all() and f.pd.disaggregated.all()
+    used = {int(r) for r in f.pd.prefill_replica}
+    assert len(used) > 1  # the new prefill replicas took prompts
