@@ -11,7 +11,12 @@ from typing import Any
 import torch
 
 
-def kv_layout(runner) -> dict[str, Any]:
+def kv_layout(runner, kv_bytes_per_token: float | None = None) -> dict[str, Any]:
+    """What two engines must share to move blocks; an emulated engine (no KV caches) has its block
+    size and modelled bytes per token only, and never pairs with a real one."""
+    if not hasattr(runner, "kv_caches"):
+        return {"block_size": runner.block_size, "dtype": "emulated",
+                "kv_bytes_per_token": kv_bytes_per_token}
     c = runner.config
     return {"block_size": runner.block_size, "dtype": str(runner.dtype).removeprefix("torch."),
             "num_layers": c.num_layers, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}

@@ -13,6 +13,9 @@ ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTORS = ("TcpConnector", "NixlConnector", "P2pNcclConnector", "MooncakeConnector")
 # vLLM's NIXL producer keeps unread blocks this long (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s)
 DEFAULT_LEASE_TIMEOUT_S = 480.0
+# an emulated transfer takes latency + bytes / bandwidth on one of these links (GB/s of 1e9 bytes, ms):
+# an RDMA-class link (400 Gb/s NIC) and a TCP-class one (25 Gb/s Ethernet), our assumptions
+LINKS = {"rdma": (50.0, 0.5), "tcp": (3.0, 2.0)}
 
 
 @dataclass
@@ -23,6 +26,14 @@ class KVTransferConfig:
     kv_port: int = 0  # 0: a free port, advertised in remote_port
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    # emulated engines only (serve --emulate): no KV moves, the pull sleeps for the modelled time
+    kv_bytes_per_token: float | None = None  # the whole model's K and V for one token
+    link_bandwidth_gbs: float = LINKS["rdma"][0]
+    link_latency_ms: float = LINKS["rdma"][1]
+
+    def transfer_seconds(self, tokens: int) -> float:
+        per_token = self.kv_bytes_per_token or 0.0
+        return self.link_latency_ms / 1e3 + tokens * per_token / (self.link_bandwidth_gbs * 1e9)
 
     @property
     def is_producer(self) -> bool:
@@ -62,6 +73,33 @@ def parse_kv_transfer_config(text: str | dict[str, Any]) -> KVTransferConfig:
                          f"number > 0, got {lease!r}")
     cfg = KVTransferConfig(connector, role, str(raw.get("kv_ip", "127.0.0.1")), port,
                            lease_timeout_s=float(lease))
+    _emulation(cfg, extra)
     if raw.get("engine_id"):
         cfg.engine_id = str(raw["engine_id"])
     return cfg
+
+
+def _emulation(cfg: KVTransferConfig, extra: dict[str, Any]) -> None:
+    """kv_bytes_per_token and the link ("rdma", "tcp" or {"bandwidth_gbs", "latency_ms"}), from the
+    extra config."""
+    kv = extra.get("kv_bytes_per_token")
+    if kv is not None:
+        if not isinstance(kv, (int, float)) or isinstance(kv, bool) or not kv > 0:
+            raise ValueError("--kv-transfer-config: kv_connector_extra_config.kv_bytes_per_token must be a "
+                             f"number > 0, got {kv!r}")
+        cfg.kv_bytes_per_token = float(kv)
+    link = extra.get("link", "rdma")
+    if isinstance(link, str):
+        if link not in LINKS:
+            raise ValueError(f"--kv-transfer-config: kv_connector_extra_config.link must be one of "
+                             f"{', '.join(LINKS)} or {{bandwidth_gbs, latency_ms}}, got {link!r}")
+        cfg.link_bandwidth_gbs, cfg.link_latency_ms = LINKS[link]
+    elif isinstance(link, dict):
+        bw, lat = link.get("bandwidth_gbs"), link.get("latency_ms", 0.0)
+        for name, v, low in (("bandwidth_gbs", bw, 0.0), ("latency_ms", lat, -1.0)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > low:
+                raise ValueError(f"--kv-transfer-config: kv_connector_extra_config.link.{name} must be a "
+                                 f"number {'> 0' if low == 0.0 else '>= 0'}, got {v!r}")
+        cfg.link_bandwidth_gbs, cfg.link_latency_ms = float(bw), float(lat)
+    else:
+        raise ValueError("--kv-transfer-config: kv_connector_extra_config.link must be a name or an object")

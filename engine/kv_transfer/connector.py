@@ -20,15 +20,18 @@ from engine.kv_transfer.producer import KVProducer
 
 class KVConnector:
     def __init__(self, cfg: KVTransferConfig, engine, wake: Callable[[], None]):
-        if not hasattr(engine.runner, "kv_caches"):
-            raise ValueError("--kv-transfer-config needs an engine with real KV caches (not --emulate yet)")
+        emulated = not hasattr(engine.runner, "kv_caches")
+        if emulated and cfg.kv_bytes_per_token is None:
+            raise ValueError("an emulated engine with --kv-transfer-config needs the KV bytes per token: a "
+                             "derived latency model, or kv_connector_extra_config.kv_bytes_per_token")
         if cfg.is_producer and not engine.block_manager.enable_prefix_caching:
             raise ValueError("a KV producer finds a prefill's blocks through the prefix cache: drop "
                              "--no-prefix-caching")
         self.cfg = cfg
-        self.layout = kv_layout(engine.runner)
+        self.layout = kv_layout(engine.runner, cfg.kv_bytes_per_token)
         self.producer = KVProducer(cfg, engine, self.layout, wake) if cfg.is_producer else None
-        self.consumer = KVConsumer(engine, self.layout, wake) if cfg.is_consumer else None
+        self.consumer = KVConsumer(engine, self.layout, wake, cfg if emulated else None) \
+            if cfg.is_consumer else None
         self._to_lease: set[str] = set()
 
     def on_add(self, request_id: str, prompt_ids: list[int], params: dict[str, Any] | None,

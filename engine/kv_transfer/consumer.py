@@ -72,8 +72,9 @@ def remote_params(params: dict[str, Any]) -> tuple[str, int, str, list[int]]:
 
 
 class KVConsumer:
-    def __init__(self, engine, layout: dict[str, Any], wake: Callable[[], None]):
-        self.engine, self.layout, self.wake = engine, layout, wake
+    def __init__(self, engine, layout: dict[str, Any], wake: Callable[[], None], emulated=None):
+        """emulated: the KVTransferConfig of an emulated engine (a pull sleeps its modelled time)."""
+        self.engine, self.layout, self.wake, self.emulated = engine, layout, wake, emulated
         self.pulls: dict[str, Pull] = {}
         self.done: queue.SimpleQueue = queue.SimpleQueue()  # (request id, payload or exception)
         self.bytes_received = 0
@@ -102,6 +103,8 @@ class KVConsumer:
         def run() -> None:
             try:
                 result: Any = fetch(host, port, self.layout, rid, want)
+                if self.emulated is not None:
+                    time.sleep(self.emulated.transfer_seconds(len(want) * bm.block_size))
             except Exception as exc:  # noqa: BLE001 - every failure is reported to the engine thread
                 result = exc
             self.done.put((request_id, result))
@@ -134,16 +137,19 @@ class KVConsumer:
                 log.warning("KV pull for %s failed, computing the prompt here: %s", request_id, result)
             elif not pull.aborted:
                 try:
-                    scatter(self.engine.runner.kv_caches, pull.blocks, result)
+                    if self.emulated is None:
+                        scatter(self.engine.runner.kv_caches, pull.blocks, result)
                 except ValueError as exc:
                     self.num_failed += 1
                     log.warning("KV pull for %s unusable, computing the prompt here: %s", request_id, exc)
                 else:
                     for block, h in zip(pull.blocks, pull.hashes):
                         bm.register(block, h)
-                    self.bytes_received += len(result)
+                    nbytes = len(result) if self.emulated is None else \
+                        int(len(pull.blocks) * bm.block_size * self.emulated.kv_bytes_per_token)
+                    self.bytes_received += nbytes
                     self.blocks_received += len(pull.blocks)
-                    self.transfers.append((time.perf_counter() - pull.started, len(result)))
+                    self.transfers.append((time.perf_counter() - pull.started, nbytes))
             bm.release(pull.blocks)  # registered blocks stay cached (evictable) until admission
             if not pull.aborted:
                 out.append((pull, error))

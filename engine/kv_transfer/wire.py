@@ -55,6 +55,7 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
 
 def layout_mismatch(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     """Why two KV layouts cannot exchange blocks, or None when they match."""
+    keys = list(LAYOUT_KEYS) + sorted((set(mine) | set(theirs)) - set(LAYOUT_KEYS))
     diffs = [f"{k} {theirs.get(k)!r} (consumer) vs {mine.get(k)!r} (producer)"
-             for k in LAYOUT_KEYS if mine.get(k) != theirs.get(k)]
+             for k in keys if mine.get(k) != theirs.get(k)]
     return "KV layout mismatch: " + "; ".join(diffs) if diffs else None
