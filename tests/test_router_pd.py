@@ -75,6 +75,26 @@ def test_no_prefill_endpoint_is_a_clean_503(model_dir):  # noqa: F811
             r.stop()
 
 
+def test_a_dead_prefill_endpoint_is_skipped_and_a_consumer_gone_mid_decode_frees(model_dir):  # noqa: F811
+    ids = [3 + (7 * i) % 380 for i in range(300)]
+    with server(model_dir, "kv_producer") as p, server(model_dir, "kv_consumer") as d:
+        r = router([d.url], [f"http://127.0.0.1:{free_port()}", p.url])  # the dead one is tried first
+        try:
+            got = httpx.post(r.url + CMPL, json=body(ids), timeout=60)
+            assert got.status_code == 200, got.text
+            assert metric(r.url, "slopilot_router_prefill_hop_failures_total", reason="refused") == 1
+            # a client that leaves mid-decode: the decode engine aborts and frees; the producer's lease
+            # ended at the consumer's read, before the decode began
+            with httpx.stream("POST", r.url + CMPL, json=body(ids[::-1], max_tokens=500, stream=True),
+                              timeout=60) as s:
+                next(s.iter_lines())
+            assert wait_for(lambda: metric(d.url, "vllm:kv_cache_usage_perc") == 0.0
+                            and metric(p.url, "vllm:kv_cache_usage_perc") == 0.0, timeout=10)
+            assert metric(d.url, "vllm:request_success_total", finished_reason="abort") == 1
+        finally:
+            r.stop()
+
+
 def test_settings_refused():
     with pytest.raises(ValueError, match="prefill endpoint"):
         PDSettings([])
