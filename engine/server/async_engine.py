@@ -178,6 +178,8 @@ class AsyncEngine:
                 raise ValueError("kv_transfer_params given, but this engine has no --kv-transfer-config")
             self.engine.add_request(prompt_ids, params, request_id, arrival, priority)
         except ValueError as exc:  # the server checks lengths first; this is the last guard
+            if self.kv is not None:
+                self.kv.abort(request_id)  # forget a lease it was marked for
             self._send(request_id, error_update(str(exc), 400, len(prompt_ids)))
             return
         self.num_waiting = len(self.engine.scheduler.waiting)
