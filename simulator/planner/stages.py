@@ -66,7 +66,7 @@ def run_plan(plan: Plan, runner, progress=None) -> dict:
         progress.stage("policies over the curve")
     curves = drive(tasks, runner, progress)
     result = assemble(plan, peak, days, found, runs, oracles, curves)
-    rechecked: set[str] = set()
+    rechecked = {n for n, f in found.items() if f["static"] and "searched_replicas" in f["static"]}
     while result["answer"]["met"] and result["answer"]["candidate"] not in rechecked:
         # the answer's static fleet, run longer before it is given; a count it raises re-ranks the plan
         name = result["answer"]["candidate"]
