@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+import engine  # noqa: F401  (before any test module loads torch: sets OpenMP's passive wait policy)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
