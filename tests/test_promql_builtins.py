@@ -48,3 +48,15 @@ def test_timestamp_over_scraped_targets_is_the_scrape_time():
     assert ev.eval(compile_query("timestamp(g)"), 12_000) == [((("pod", "p"),), 10.0)]
     assert ev.eval(compile_query("timestamp(g offset 4s)"), 12_000) == [((("pod", "p"),), 5.0)]
     assert ev.eval(compile_query("timestamp(g * 2)"), 12_000) == [((("pod", "p"),), 12.0)]
+
+
+@pytest.mark.parametrize("query", ["year(vector(-1e11))", "hour(vector(NaN))", "month(vector(1e300))"])
+def test_dates_python_cannot_hold_are_refused(query):
+    with pytest.raises(PromQLError, match="not supported"):
+        Evaluator(TargetStorage()).eval(compile_query(query), 0)
+
+
+def test_dates_before_1970_are_gos():
+    ev = Evaluator(TargetStorage())
+    assert ev.eval(compile_query("year(vector(-1))"), 0) == [((), 1969.0)]
+    assert ev.eval(compile_query("day_of_week(vector(-86400.9))"), 0) == [((), 3.0)]  # int64 truncates

@@ -116,19 +116,17 @@ def label_join(vec, dst: str, sep: str, srcs: list[str]):
 
 def _utc(v: float) -> datetime:
     if math.isnan(v) or math.isinf(v) or abs(v) >= 2.5e11:
-        raise PromQLError(f"a date function of {fn_format(v)} (not a time Python's calendar holds) is "
+        raise PromQLError(f"a date function of {v!r} (not a time Python's calendar holds) is "
                           "not supported by slopilot's PromQL evaluator")
-    return _EPOCH + timedelta(seconds=int(v))  # Go: time.Unix(int64(v), 0).UTC()
-
-
-def fn_format(v: float) -> str:
-    return repr(v)
+    try:
+        return _EPOCH + timedelta(seconds=int(v))  # Go: time.Unix(int64(v), 0).UTC()
+    except OverflowError:  # before the year 1
+        raise PromQLError(f"a date function of {v!r} (before the year 1) is not supported by "
+                          "slopilot's PromQL evaluator") from None
 
 
 def date_part(func: str, v: float) -> float:
     d = _utc(v)
-    if d.year < 1 or d.year > 9999:
-        raise PromQLError(f"{func}(): year {d.year} is out of range")
     return float({"day_of_month": d.day, "day_of_week": (d.weekday() + 1) % 7,
                   "day_of_year": d.timetuple().tm_yday,
                   "days_in_month": calendar.monthrange(d.year, d.month)[1], "hour": d.hour,

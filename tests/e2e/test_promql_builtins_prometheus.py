@@ -48,7 +48,8 @@ QUERIES = [
     "timestamp(gauge)", "timestamp(sparse)", "timestamp(sparse offset 2m)", "timestamp(sum(gauge))",
     "day_of_week(epoch)", "day_of_month(epoch)", "day_of_year(epoch)", "days_in_month(epoch)",
     "hour(epoch)", "minute(epoch)", "month(epoch)", "year(epoch)", "year()", "minute()", "hour()",
-    "day_of_week()", "days_in_month(timestamp(gauge))",
+    "day_of_week()", "days_in_month(timestamp(gauge))", "year(vector(-1))", "day_of_week(vector(-86400.9))",
+    "hour(epoch - 2.5e9)", "day_of_year(epoch - 1.2e9)",
     # series
     "changes(counter_total[2m])", "resets(counter_total[5m])", "changes(gauge[5m])", "deriv(gauge[2m])",
     "deriv(counter_total[5m])", "predict_linear(counter_total[5m], 300)", "predict_linear(gauge[2m], -60)",
