@@ -194,9 +194,8 @@ def run_vllm(model_dir: str, runs: list[dict], dtype: str, repeats: int, llm_kwa
     from engine import threads
 
     cache = ROOT / "build" / "vllm-cache"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    if threads.set_here:
-        env.pop("OMP_WAIT_POLICY", None)
+    env = threads.child_env({k: v for k, v in os.environ.items()
+                             if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")})
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
                TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE=str(kv_gib),
                HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")

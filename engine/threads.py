@@ -38,3 +38,11 @@ def spinning_openmp() -> bool:
     if os.environ.get("OMP_WAIT_POLICY", "").upper() == WAIT_POLICY:
         return False
     return os.environ.get("GOMP_SPINCOUNT") != "0" and os.environ.get("KMP_BLOCKTIME") != "0"
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """env for another program (vLLM, ...): without the wait policy configure_openmp put here, so
+    it runs with its own OpenMP settings."""
+    if set_here and env.get("OMP_WAIT_POLICY") == WAIT_POLICY:
+        env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    return env

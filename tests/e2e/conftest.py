@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from controlplane.prometheus_server import PrometheusServer, free_port
+from engine.threads import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATED_MODEL = "h100-llama2-70b-tp4"
@@ -219,7 +220,9 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cache = ROOT / "build" / "vllm-cache"
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+        # vLLM with its own OpenMP settings, not the wait policy importing engine set here
+        env = child_env({k: v for k, v in os.environ.items()
+                         if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")})
         env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
                    TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE="1",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
