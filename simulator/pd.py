@@ -6,19 +6,21 @@ The flow follows the live one (vLLM's P/D protocol behind llm-d's P/D profile):
    on any ready decode replica) are at most the threshold, the whole request goes to a decode replica.
 2. Otherwise a prefill replica computes the prompt as a `max_tokens: 1` request (its own scheduler,
    batching, chunking and prefix cache; its metrics are the prefill role's).
-3. Decode-side admission, first come first served: a ready decode replica with free KV blocks for the
-   prompt and a free sequence slot reserves the blocks (they count in its KV usage from then on); when
-   none has room the prefilled request waits, and that wait is measured.
-4. The KV moves: link latency + prompt tokens x KV bytes per token / bandwidth (no contention between
-   transfers). The request then joins the decode replica's running batch with all but the last prompt
-   token computed, so its first step recomputes that token and samples the first output token
-   (vLLM's consumer does the same). TTFT = prefill queue + prefill + admission wait + transfer + that
-   first decode step.
+3. Decode-side admission, first come first served: a ready decode replica with a free sequence slot
+   and free KV blocks for the prompt beyond its cached prefix shares that prefix and reserves the
+   rest (counted in its KV usage from then on); when none has room the prefilled request waits, and
+   that wait is measured.
+4. The KV the decode replica lacks moves: link latency + those tokens x KV bytes per token /
+   bandwidth (no contention between transfers). The request then joins the decode replica's running
+   batch with all but the last prompt token computed, so its first step recomputes that token and
+   samples the first output token (vLLM's consumer does the same). TTFT = prefill queue + prefill +
+   admission wait + transfer + that first decode step.
 
 Simplifications, stated: the producer frees its blocks when its hop finishes (it does not hold them
-until the read); decode-side prefix hits do not shorten the transfer; failures are not modelled for
-P/D pools (the scenario refuses them). The fast path stays on: reservations and arrivals cut a decode
-stretch at the step in progress, as any arrival does (tests/test_sim_pd.py proves per-request timings
+until the read); failures are not modelled for P/D pools (the scenario refuses them). The fast path
+stays on: a decode replica first takes the blocks its stretch in progress has grown into
+(Replica.catch_up), so lookups and reservations see this instant's cache, and a reservation cuts the
+stretch at the step in progress, as an arrival does (tests/test_sim_pd.py proves per-request timings
 equal to the step-by-step run).
 """
 
@@ -28,7 +30,6 @@ from collections import deque
 
 import numpy as np
 
-from engine.core.block_manager import cdiv
 from engine.core.sequence import SequenceStatus
 from simulator.pd_spec import PDSpec
 from simulator.requests import SimSequence
@@ -46,6 +47,7 @@ class PDService:
         self.prefilled = np.full(n, -1, dtype=np.int64)  # the prefill hop's end
         self.reserved = np.full(n, -1, dtype=np.int64)  # decode blocks reserved, transfer starts
         self.transferred = np.full(n, -1, dtype=np.int64)  # the KV is on the decode replica
+        self.decode_hit = np.zeros(n, dtype=np.int64)  # prompt tokens the decode replica had cached
         self.transfer_bytes = 0.0
 
     def _ready(self, pool: int) -> list:
@@ -73,16 +75,9 @@ class PDService:
 
     @staticmethod
     def cached_tokens(rep, seq: SimSequence) -> int:
-        """The prompt's prefix-cache hit on a decode replica now. Inside a decode stretch the blocks
-        its steps (and reservations deferred behind them) will take have not been taken yet; a
-        step-by-step run has taken them, evicting the cached blocks at the head of the free queue,
-        so those are not hits."""
-        hits = rep.bm.lookup_prefix(seq)[0]
-        ahead = rep.ff_extra_blocks() + rep.deferred_blocks
-        if hits and ahead and any(rep.bm.allocator.is_free(b) for b in hits):
-            gone = set(rep.bm.allocator.free_queue()[:ahead])
-            hits = hits[: next((k for k, b in enumerate(hits) if b in gone), len(hits))]
-        return len(hits) * rep.bm.block_size
+        """The prompt's prefix-cache hit on a decode replica at this instant."""
+        rep.catch_up()
+        return len(rep.bm.lookup_prefix(seq)[0]) * rep.bm.block_size
 
     def on_finish(self, rep, seq: SimSequence) -> bool:
         """True when `seq` was a prefill hop (handled here); else the request's own end."""
@@ -102,44 +97,46 @@ class PDService:
         return False
 
     # -- decode-side admission and the transfer ---------------------------------------------------
-    def has_room(self, rep, blocks: int) -> bool:
-        spec = rep.pool.spec
-        if rep.num_running + rep.reserved >= spec.max_num_seqs:
+    def has_room(self, rep, seq: SimSequence) -> bool:
+        """A free sequence slot and the KV blocks the prompt needs beyond the replica's cached prefix."""
+        if rep.num_running + rep.reserved >= rep.pool.spec.max_num_seqs:
             return False
-        return rep.bm.num_free_blocks - rep.ff_extra_blocks() - rep.deferred_blocks >= blocks
+        rep.catch_up()
+        hits = rep.bm.lookup_prefix(seq)[0]
+        return rep.bm.can_admit(seq, hits, seq.num_prompt_tokens - len(hits) * rep.bm.block_size)
 
     @staticmethod
-    def reserve(rep, seq: SimSequence) -> None:
-        """Takes the prompt's KV blocks on the decode replica (its KV usage counts them from now on).
-        Inside a decode stretch the blocks the stretch has grown into are not taken yet: the
-        reservation waits for them (the stretch is cut at the step in progress) so blocks are taken
-        in the order, and with the evictions, of a step-by-step run."""
+    def reserve(rep, seq: SimSequence) -> int:
+        """Shares the replica's cached prefix of the prompt and takes blocks for the rest (its KV
+        usage counts them from now on); returns the tokens to move."""
+        rep.catch_up()
+        hits, hashes = rep.bm.lookup_prefix(seq)
+        rep.bm.admit(seq, hits, hashes)
+        rest = seq.num_prompt_tokens - seq.num_computed_tokens
+        rep.bm.append_slots(seq, rest)
         rep.reserved += 1
-        if rep._grow is None:
-            rep.bm.append_slots(seq, seq.num_prompt_tokens)
-            return
-        rep.deferred.append((seq, seq.num_prompt_tokens))
-        rep.deferred_blocks += cdiv(seq.num_prompt_tokens, rep.bm.block_size)
-        rep.cut_stretch()
+        rep.cut_stretch()  # fewer free blocks: the stretch in progress is re-planned after its step
+        return rest
 
     def admit(self) -> None:
         f = self.f
         while self.waiting:
             seq = self.waiting[0]
             decode = self._ready(self.spec.decode_pool)
-            room = [r for r in decode if self.has_room(r, cdiv(seq.num_prompt_tokens, r.bm.block_size))]
+            room = [r for r in decode if self.has_room(r, seq)]
             if not room:
                 return  # head of line waits for a finish or a new decode replica
             self.waiting.popleft()
             k = f.router.pick(room, seq.token_ids if f.router.uses_prefix else None)
             rep = room[k]
             f.requests.routed(seq.index, rep.id, rep.pool.index)
-            self.reserve(rep, seq)
+            moved = self.reserve(rep, seq)
             now = f.env.now
             self.reserved[seq.index] = now
+            self.decode_hit[seq.index] = seq.num_prompt_tokens - moved
             seq.replica_arrival = now
-            self.transfer_bytes += seq.num_prompt_tokens * self.spec.kv_bytes_per_token
-            delay = to_ps(self.spec.transfer_seconds(seq.num_prompt_tokens))
+            self.transfer_bytes += moved * self.spec.kv_bytes_per_token
+            delay = to_ps(self.spec.transfer_seconds(moved))
             f.env.timeout(delay).callbacks.append(lambda _, s=seq, r=rep: self._arrive(s, r))
 
     def _arrive(self, seq: SimSequence, rep) -> None:
@@ -167,6 +164,7 @@ class PDService:
             "prefill_queue": span(arrival, self.prefill_sched),
             "prefill": span(self.prefill_sched, self.prefilled),
             "admission_wait": span(self.prefilled, self.reserved),
+            "decode_cached": np.where(self.disaggregated, self.decode_hit, np.nan),  # tokens not moved
             "transfer": span(self.reserved, self.transferred),
             "first_decode_step": span(self.transferred, self.f.requests.first_token),
         }

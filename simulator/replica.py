@@ -43,8 +43,6 @@ class Replica:
         self.gone_at: int | None = None
         self.outstanding = 0
         self.reserved = 0  # P/D: KV reservations whose transfer is still on its way (simulator.pd)
-        self.deferred: list = []  # P/D reservations made inside a decode stretch: (seq, tokens)
-        self.deferred_blocks = 0
         self.busy_ps = 0  # time spent stepping (utilisation)
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
@@ -82,6 +80,24 @@ class Replica:
         )  # blocks grow at a step's start
         bs = self.bm.block_size
         return sum(max(0, -(-(s.num_computed_tokens + started) // bs) - len(s.block_table)) for s in seqs)
+
+    def catch_up(self) -> None:
+        """Takes now the blocks the decode stretch in progress has grown into (a step takes them at
+        its start), in a step-by-step run's order: what the KV cache holds at this instant, for a P/D
+        reservation or prefix lookup made from outside (simulator.pd)."""
+        if self._grow is None:
+            return
+        t0, a, b, c0, n, steps, seqs = self._grow
+        started = min(steps, steps_reaching(a, b, c0, n, self.env.now - t0 + 1))
+        bs = self.bm.block_size
+        grow = sorted((j, i) for i, s in enumerate(seqs)  # the steps where each one starts a block
+                      for j in range(max(len(s.block_table) * bs - s.num_computed_tokens + 1, 1),
+                                     started + 1, bs))
+        for j, i in grow:  # step j computes token c + j - 1: one more slot from c + j - 1 computed
+            s = seqs[i]
+            computed, s.num_computed_tokens = s.num_computed_tokens, s.num_computed_tokens + j - 1
+            self.bm.append_slots(s, 1)
+            s.num_computed_tokens = computed
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, delay_ps: int) -> None:
@@ -227,11 +243,6 @@ class Replica:
                 yield env.timeout(rest)
         self._ff = self._grow = None
         advance_decodes(self.bm, seqs, steps, SAMPLED_TOKEN)
-        for seq, tokens in self.deferred:  # after the steps' blocks, as a step-by-step run took them
-            computed, seq.num_computed_tokens = seq.num_computed_tokens, 0
-            self.bm.append_slots(seq, tokens)
-            seq.num_computed_tokens = computed
-        self.deferred, self.deferred_blocks = [], 0
         # step j lasts a + b*(dc + ds*j): the inter-token time of each of the ds sequences
         self.metrics.observe_arithmetic(
             "inter_token_latency_seconds", (a + b * dc) / PS, b * ds / PS, steps, ds

@@ -236,3 +236,20 @@ def test_each_pool_scales_on_its_own_series():
     assert (f.requests.status == 1).all() and f.pd.disaggregated.all()
     used = {int(r) for r in f.pd.prefill_replica}
     assert len(used) > 1  # the new prefill replicas took prompts
+
+
+def test_decode_side_prefix_hit_shortens_the_transfer():
+    """A second request sharing the first one's 1,024-token prefix finds it in the decode replica's
+    cache: only its other tokens move (vLLM's consumer reads only the blocks it lacks)."""
+    sc = _scenario(threshold=256)
+    for p in sc.pools:
+        p.prefix_caching = True
+    wl = Workload(np.array([1.0, 5.0]), np.array([2000, 1500]), np.array([10, 10]), hash_ids=[[0, 1], [0, 1]])
+    f = _run(sc, wl)
+    t = f.pd.table()
+    assert t["disaggregated"].all()
+    assert t["decode_cached"][0] == 0 and t["decode_cached"][1] == 1024
+    assert t["transfer"][0] == pytest.approx(0.002 + 2000 * KVB / 25e9, abs=1e-9)
+    assert t["transfer"][1] == pytest.approx(0.002 + (1500 - 1024) * KVB / 25e9, abs=1e-9)
+    assert f.pd.transfer_bytes == (2000 + 1500 - 1024) * KVB
+    assert f.requests.cached[1] == 1024  # the prefill side's own cache hit too
