@@ -89,9 +89,8 @@ def keda_value(value) -> float | None:
     return value[0][1] if value else None
 
 
-def trigger_values(fleet, queries, t: float, obs: Observation, matched: set | None = None) -> None:
-    """Each trigger's query evaluated at t over the store; a failing query is that trigger's error.
-    Triggers that returned a sample are added to `matched` (simulator.trigger_watch)."""
+def trigger_values(fleet, queries, t: float, obs: Observation) -> None:
+    """Each trigger's query evaluated at t over the store; a failing query is that trigger's error."""
     ev = Evaluator(fleet.store, default_step=round(fleet.sc.evaluation_interval * 1000))
     t_ms = round(t * 1000)
     for name, tree in queries:
@@ -99,9 +98,6 @@ def trigger_values(fleet, queries, t: float, obs: Observation, matched: set | No
             obs.metrics[name] = keda_value(ev.eval(tree, t_ms))
         except PromQLError:
             obs.errors.add(name)
-            continue
-        if matched is not None and obs.metrics[name] is not None:
-            matched.add(name)
 
 
 def build_observation(fleet, pool) -> Observation:
@@ -142,5 +138,7 @@ def build_observation(fleet, pool) -> Observation:
                 table[p] = v
     if pool.policy.queries:
         pool.policy.evaluations += 1
-        trigger_values(fleet, pool.policy.queries, t, obs, pool.policy.matched)
+        trigger_values(fleet, pool.policy.queries, t, obs)
+        # a trigger that returned a sample (simulator.trigger_watch reports those that never did)
+        pool.policy.matched.update(n for n, _ in pool.policy.queries if obs.metrics.get(n) is not None)
     return obs
