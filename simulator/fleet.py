@@ -164,8 +164,8 @@ class Fleet:
         backlog, self.backlog = self.backlog, []
         for seq in backlog:
             self.route(seq)
-        if self.pd is not None and self.pd.waiting:
-            self.pd.admit()
+        if self.pd is not None:
+            self.pd.on_ready(rep)
         if self.flow is not None:
             self.pump()
 

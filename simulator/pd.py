@@ -16,8 +16,9 @@ The flow follows the live one (vLLM's P/D protocol behind llm-d's P/D profile):
    samples the first output token (vLLM's consumer does the same). TTFT = prefill queue + prefill +
    admission wait + transfer + that first decode step.
 
-Simplifications, stated: the producer frees its blocks when its hop finishes (it does not hold them
-until the read); failures are not modelled for P/D pools (the scenario refuses them). The fast path
+The producer holds the prompt's KV blocks from the end of its hop until the transfer ends (through
+any decode admission wait). Simplification, stated: failures are not modelled for P/D pools (the
+scenario refuses them). The fast path
 stays on: a decode replica first takes the blocks its stretch in progress has grown into
 (Replica.catch_up), so lookups and reservations see this instant's cache, and a reservation cuts the
 stretch at the step in progress, as an arrival does (tests/test_sim_pd.py proves per-request timings
@@ -79,6 +80,34 @@ class PDService:
         rep.catch_up()
         return len(rep.bm.lookup_prefix(seq)[0]) * rep.bm.block_size
 
+    def on_ready(self, rep) -> None:
+        if rep.pool.index == self.spec.prefill_pool:
+            self._hold_on_finish(rep.bm)
+        if self.waiting:
+            self.admit()
+
+    @staticmethod
+    def _hold_on_finish(bm) -> None:
+        """A producer keeps a finished prefill's KV blocks referenced until the decode side has read
+        them (vLLM's producer frees them on the consumer's confirmation)."""
+        free = bm.free
+
+        def hold(seq) -> None:
+            if getattr(seq, "pd_decode", None) is None or seq.num_output_tokens == 0:
+                return free(seq)  # anything else, or a prefill hop preempted: freed as usual
+            seq.pd_held = seq.block_table
+            seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
+
+        bm.free = hold
+
+    @staticmethod
+    def _release(bm, blocks: list) -> None:
+        if bm.allocator is None:  # the counting block manager (simulator.kvcount)
+            bm._free += len(blocks)
+        else:
+            for b in reversed(blocks):
+                bm.allocator.free(b)
+
     def on_finish(self, rep, seq: SimSequence) -> bool:
         """True when `seq` was a prefill hop (handled here); else the request's own end."""
         orig = getattr(seq, "pd_decode", None)
@@ -87,6 +116,7 @@ class PDService:
             self.prefill_replica[i], self.prefilled[i] = rep.id, self.f.env.now
             self.prefill_sched[i] = seq.first_scheduled_time
             orig.first_cached = seq.first_cached  # the prompt's hit is the prefill side's
+            orig.pd_held = (rep, seq.pd_held)
             self.waiting.append(orig)
             self.admit()
             return True
@@ -144,6 +174,10 @@ class PDService:
         now = self.f.env.now
         self.transferred[seq.index] = now
         rep.reserved -= 1
+        producer, blocks = seq.pd_held
+        self._release(producer.bm, blocks)  # the read is confirmed: the producer frees its blocks
+        producer.poke()  # a prompt waiting there for blocks may start now
+        seq.pd_held = None
         seq.num_computed_tokens = seq.num_prompt_tokens - 1  # the last token is recomputed for logits
         seq.status = SequenceStatus.RUNNING
         seq.first_scheduled_time = now

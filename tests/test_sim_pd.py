@@ -83,7 +83,16 @@ def test_full_decode_pool_makes_prefilled_requests_wait():
     sc = _scenario(decode_blocks=300, threshold=0)
     n = 4
     wl = Workload(np.arange(n) * 0.01, np.full(n, 2000), np.full(n, 200))
-    f = _run(sc, wl)
+    f = Fleet(sc, wl, models={"stub": STUB})
+    usage = []  # the producer's KV usage, sampled every 0.1 s
+
+    def probe():
+        while True:
+            yield f.env.timeout(to_ps(0.1))
+            usage.append(f.pools[0].replicas[0].bm.usage)
+
+    f.env.process(probe())
+    f.run()
     t = f.pd.table()
     assert (f.requests.status == 1).all()
     wait = t["admission_wait"]
@@ -93,6 +102,10 @@ def test_full_decode_pool_makes_prefilled_requests_wait():
     assert f.pd.reserved[waited] >= f.requests.finish.min()
     assert summarize(f)["pd"]["admission_wait"]["max"] == pytest.approx(wait.max())
     assert max(r.max_usage for r in f.pools[1].replicas) <= 1.0
+    # the producer held the waiting requests' KV (125 blocks each of its 4000) until they were read
+    assert max(usage) == 3 * 125 / 4000 and usage[-1] == 0.0
+    for pool in f.pools:  # every block given back at the end, both sides
+        assert all(r.bm.check_no_leak() == [] for r in pool.replicas)
 
 
 @pytest.mark.parametrize("caching", [False, True])
