@@ -182,6 +182,11 @@ def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_nam
     rng = random.Random(seed)
     pool = list(range(runner.num_kv_blocks))
     rng.shuffle(pool)  # non-adjacent blocks, as a long-running engine has them
+    # the steps attend over context that was never written (the CPU pool starts unfilled): zero it
+    # once so the timed forward reads numbers, not whatever the pages held
+    for key_cache, value_cache in runner.kv_caches:
+        key_cache.zero_()
+        value_cache.zero_()
     rows = []
     for shape in shapes:
         seqs, news = build_step(shape, pool, runner.block_size, runner.config.vocab_size, rng)
