@@ -80,8 +80,22 @@ def test_reference_pages_are_generated_from_the_schemas():
     assert rc.returncode == 0, rc.stdout + rc.stderr + " (run: .venv/bin/python docs/guide/generate.py)"
 
 
+def test_plan_reference_lists_every_plan_field_with_a_meaning():
+    # a field added to the plan schema shows on the page (the check above) and needs a meaning written
+    page = (ROOT / "docs" / "guide" / "plan-reference.md").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.splitlines()
+            if line.startswith("| `")]
+    fields = {r[0].strip("`"): r for r in rows}  # field, type, limits, default, meaning
+    for name in ("seeds", "compress", "deployments[].price_per_gpu_hour", "engine.max_num_seqs",
+                 "policies[].spec", "autoscale", "search.step", "search.check_duration"):
+        assert name in fields, name
+    assert all(r[4] for r in rows), [r[0] for r in rows if not r[4]]
+    assert fields["search.max_duration"][3] == "`1800.0`" and fields["deployments"][3] == "required"
+    assert "[scenario-reference.md](scenario-reference.md)" in fields["workload"][4]
+
+
 @pytest.mark.parametrize("page", ["guide.md", "guide/scenario-reference.md", "guide/spec-reference.md",
-                                  "inputs.md"])
+                                  "guide/plan-reference.md", "inputs.md"])
 def test_links_resolve(page):
     path = ROOT / "docs" / page
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", path.read_text()):
