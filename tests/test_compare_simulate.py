@@ -78,3 +78,36 @@ def test_exit_status_and_plot(compared):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [r["name"] for r in result["rows"]]
     html = (out / "report.html").read_text()
     assert all(r["name"] in html for r in result["rows"]) and "replicas.png" in html
+
+
+def test_specs_sharing_a_name_are_labelled_by_their_files(tmp_path):
+    # two specs with the same metadata.name used to show as `llama-queue` and `llama-queue'`
+    from simulator.planner.compare import spec_rows
+
+    text = (EXAMPLES / "replay" / "keda_queue.yaml").read_text()
+    (tmp_path / "a").mkdir()
+    paths = [tmp_path / "queue5.yaml", tmp_path / "queue10.yaml", tmp_path / "a" / "queue5.yaml"]
+    for p in paths:
+        p.write_text(text)
+    name = next(iter(spec_rows([str(paths[0])])))
+    rows = spec_rows([str(p) for p in paths[:2]] + [str(EXAMPLES / "replay" / "ratio.yaml")])
+    assert list(rows)[:2] == [f"{name} (queue5.yaml)", f"{name} (queue10.yaml)"]
+    assert "'" not in "".join(rows) and len(rows) == 3
+    assert rows[f"{name} (queue10.yaml)"] == str(paths[1].resolve())
+    # same file name in two folders: the paths as given
+    rows = spec_rows([str(paths[0]), str(paths[2])])
+    assert list(rows) == [f"{name} ({paths[0]})", f"{name} ({paths[2]})"]
+    # the same file twice still gives two rows
+    assert list(spec_rows([str(paths[1])] * 2)) == [f"{name} (queue10.yaml)", f"{name} (queue10.yaml) #2"]
+
+
+def test_compare_prints_distinct_labels_for_specs_sharing_a_name(tmp_path, capsys):
+    for name in ("queue5.yaml", "queue10.yaml"):
+        (tmp_path / name).write_text((EXAMPLES / "replay" / "keda_queue.yaml").read_text())
+    main(["compare", str(SCENARIO), "--spec", str(tmp_path / "queue5.yaml"), "--spec",
+          str(tmp_path / "queue10.yaml"), "--out", str(tmp_path / "out"), "--duration", "60", "--no-bounds",
+          "--no-plots", "--workers", "1", "--no-progress"])
+    table = capsys.readouterr().out
+    assert "\nllama-queue (queue5.yaml) | " in table and "\nllama-queue (queue10.yaml) | " in table
+    names = [r["name"] for r in json.loads((tmp_path / "out" / "compare.json").read_text())["rows"]]
+    assert names == ["llama-queue (queue5.yaml)", "llama-queue (queue10.yaml)"]

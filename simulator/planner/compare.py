@@ -80,8 +80,9 @@ def run_compare(scenario: str, specs: list[str], runner, duration: float | None 
 
 
 def spec_rows(specs: list[str]) -> dict[str, str]:
-    """Row name (the spec's metadata.name) -> the spec's absolute path; each spec validated."""
-    rows: dict[str, str] = {}
+    """Row name -> the spec's absolute path; each spec validated. The row is named by the spec's
+    metadata.name; specs sharing a name are told apart by their files: `name (file)`."""
+    named: list[tuple[str, str, Path]] = []
     for spec in specs:
         path = Path(spec).resolve()
         if not path.is_file():
@@ -89,9 +90,18 @@ def spec_rows(specs: list[str]) -> dict[str, str]:
         name = load_spec(path.read_text(), path=spec).name
         if name.startswith((STATIC, ORACLE)):
             name = f"spec {name}"
-        while name in rows:
-            name += "'"
-        rows[name] = str(path)
+        named.append((name, spec, path))
+    names = [n for n, _, _ in named]
+    rows: dict[str, str] = {}
+    for name, spec, path in named:
+        if names.count(name) > 1:
+            files = [p.name for p in {p for n, _, p in named if n == name}]
+            # the file's name, or the path as given where two share a file name
+            name = f"{name} ({path.name if files.count(path.name) == 1 else spec})"
+        label, k = name, 2
+        while label in rows:  # the same file given twice
+            label, k = f"{name} #{k}", k + 1
+        rows[label] = str(path)
     return rows
 
 
