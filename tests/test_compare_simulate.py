@@ -111,3 +111,27 @@ def test_compare_prints_distinct_labels_for_specs_sharing_a_name(tmp_path, capsy
     assert "\nllama-queue (queue5.yaml) | " in table and "\nllama-queue (queue10.yaml) | " in table
     names = [r["name"] for r in json.loads((tmp_path / "out" / "compare.json").read_text())["rows"]]
     assert names == ["llama-queue (queue5.yaml)", "llama-queue (queue10.yaml)"]
+
+
+def test_report_shows_numbers_for_humans(tmp_path):
+    # the table used to print raw values (0.022854, False): now percentages, ms, money, yes/NO
+    from simulator.planner.compare_report import HEAD, table_rows, write_compare_outputs
+
+    row = {"name": "a", "kind": "spec", "spec": "a.yaml", "attainment": 0.97312, "window_attainment": 0.5,
+           "slo": {"ttft": 0.2994, "tpot": 0.022854}, "met": False, "gpu_hours": 0.0514612,
+           "x_oracle": 1.3245, "cost": 0.504317, "cost_per_hour_at_peak": 39.2, "peak_replicas": 2,
+           "scale_events": 3, "timeline": []}
+    oracle = {**row, "name": "o", "kind": "oracle", "attainment": None, "window_attainment": None, "slo": {},
+              "met": None, "x_oracle": 1.0, "scale_events": None}
+    result = {"scenario": "s", "seed": 1, "currency": "EUR", "rows": [row, oracle]}
+    cells = dict(zip(HEAD, table_rows(result)[0]))
+    assert cells == {"row": "a", "attainment (requests)": "97.31%", "attainment (1-min windows)": "50.0%",
+                     "SLO values at percentile": "ttft 299 ms, tpot 22.9 ms", "SLOs met": "NO",
+                     "GPU-hours": "0.0515", "x oracle": "1.32x", "cost": "0.50 EUR",
+                     "cost/h at peak": "39.20 EUR", "peak replicas": 2, "scale events": 3}
+    assert table_rows(result)[1][1:5] == ["-", "-", None, "-"]
+    write_compare_outputs(result, tmp_path, plots=False)
+    html = (tmp_path / "report.html").read_text()
+    assert "<td>ttft 299 ms, tpot 22.9 ms</td><td>NO</td><td>0.0515</td><td>1.32x</td>" in html
+    for raw in ("0.022854", "0.2994", "False", "None", "0.504317"):
+        assert raw not in html, raw

@@ -122,3 +122,20 @@ def test_exit_status_when_no_candidate_meets(tmp_path, capsys):
     path.write_text(PLAN.replace("price_per_gpu_hour: 3.0", "price_per_gpu_hour: 0"))
     assert main(["plan", str(path), "--out", str(tmp_path / "c")]) == 2
     assert "price_per_gpu_hour: must be > 0" in capsys.readouterr().err
+
+
+def test_html_shows_numbers_for_humans(report):
+    # raw values (0.022854, False) used to reach the tables: now units, money, percentages and yes/NO
+    import re
+
+    out, result = report
+    html = (out / "report.html").read_text()
+    cells = re.findall(r"<td>([^<]*)</td>", html)
+    assert not [c for c in cells if c in ("True", "False", "None")]
+    assert not [c for c in cells if re.fullmatch(r"-?[\d,]*\.\d{5,}", c)], cells  # e.g. 0.022854
+    c = result["candidates"][0]
+    assert f"<td>{c['capacity']['rps']:.3g} req/s</td>" in html
+    assert f"<td>{c['static']['cost_per_hour']:,.2f} USD</td>" in html
+    assert "the curve of 60 min simulated in 5 min (x12)" in html
+    first = result["ranking"][0]
+    assert f"<td>{100 * first['attainment']:.2f}%</td><td>yes</td>" in html

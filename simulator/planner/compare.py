@@ -68,8 +68,8 @@ def run_compare(scenario: str, specs: list[str], runner, duration: float | None 
     sizing = done.get(STATIC)
     if sizing and sizing.get("run"):
         n = sizing["static"]["replicas"]
-        rows.append(run_row(f"{STATIC} ({n} replicas)", "static", sizing["run"]["summary"],
-                            sizing["run"]["timeline"]))
+        label = f"{STATIC} ({n} replica{'' if n == 1 else 's'})"
+        rows.append(run_row(label, "static", sizing["run"]["summary"], sizing["run"]["timeline"]))
         startup = sc.pools[0].provisioning_delay.mean()
         _, billed = oracle(times, sc.duration or float(times[-1]), sizing["peak_rps"] / n, startup)
         rows.append(oracle_row(ORACLE, billed, sizing["gpus_per_replica"], sc.pools[0].cost_per_hour))

@@ -7,22 +7,24 @@ import html
 import json
 from pathlib import Path
 
+from simulator.planner.fmt import num, percent, seconds, times, yes_no
 from simulator.planner.plots import save
+from simulator.planner.rank import money
 from simulator.planner.report import STYLE, html_table
 
-HEAD = ["row", "attainment (requests)", "attainment (1-min windows)", "SLO values at percentile (s)",
-        "SLOs met", "GPU-hours", "x oracle", "cost", "cost/h at peak", "peak replicas", "scale events"]
+HEAD = ["row", "attainment (requests)", "attainment (1-min windows)", "SLO values at percentile", "SLOs met",
+        "GPU-hours", "x oracle", "cost", "cost/h at peak", "peak replicas", "scale events"]
 
 
 def table_rows(result: dict) -> list[list]:
+    """The table's cells as text: percentages, latencies with their unit, money with its currency."""
+    cur = result["currency"]
     out = []
     for r in result["rows"]:
-        att = None if r["attainment"] is None else f"{100 * r['attainment']:.2f}%"
-        win = None if r["window_attainment"] is None else f"{100 * r['window_attainment']:.1f}%"
-        slo = ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in r["slo"].items()) or None
-        met = None if r["met"] is None else ("yes" if r["met"] else "NO")
-        out.append([r["name"], att, win, slo, met, r["gpu_hours"], r.get("x_oracle"), r["cost"],
-                    r["cost_per_hour_at_peak"], r["peak_replicas"], r["scale_events"]])
+        slo = ", ".join(f"{k} {seconds(v)}" for k, v in r["slo"].items()) or None
+        out.append([r["name"], percent(r["attainment"], 2), percent(r["window_attainment"]), slo,
+                    yes_no(r["met"]), num(r["gpu_hours"]), times(r.get("x_oracle")), money(r["cost"], cur),
+                    money(r["cost_per_hour_at_peak"], cur), r["peak_replicas"], r["scale_events"]])
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from simulator.planner.fmt import num, percent, span, yes_no
 from simulator.planner.plots import capacity_figure, pareto_figure, save
 from simulator.planner.rank import money
 from simulator.planner.scenarios import capacity_scenario, curve_scenario, peak_scenario
@@ -61,9 +62,15 @@ def _dump(scenario: dict, path: Path) -> None:
 
 
 def _cell(v) -> str:
+    if isinstance(v, bool):
+        return yes_no(v)
     if isinstance(v, float):
-        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return num(v)
     return "-" if v is None else html.escape(str(v))
+
+
+def _money(x: float | None, currency: str) -> str | None:
+    return None if x is None else money(x, currency)
 
 
 def html_table(head: list[str], rows: list[list]) -> str:
@@ -80,13 +87,13 @@ def plan_html(result: dict, images: list[str]) -> str:
              f"<h1>Capacity plan: {html.escape(result['plan'])}</h1>",
              f"<p><b>{html.escape(result['answer']['text'])}</b></p>",
              f"<p>Peak {w['peak_rps']:.3g} req/s; {w['requests_per_day']:,.0f} requests and "
-             f"{w['output_tokens_per_day']:,.0f} output tokens a day; the curve of {w['duration']:g} s "
-             f"simulated in {w['simulated_duration']:g} s (x{w['compress']:g}); seeds {result['seeds']}.</p>",
+             f"{w['output_tokens_per_day']:,.0f} output tokens a day; the curve of {span(w['duration'])} "
+             f"simulated in {span(w['simulated_duration'])} (x{w['compress']:g}); seeds "
+             f"{', '.join(map(str, result['seeds']))}.</p>",
              "<h2>Ranked options</h2>"]
     rows = [[i + 1, o["candidate"], o["policy"] or "static (peak)", o["replicas_at_peak"], o["gpus_at_peak"],
              money(o["cost_per_hour_at_peak"], cur), money(o["cost_per_day"], cur),
-             None if o["attainment"] is None else f"{100 * o['attainment']:.2f}%",
-             "yes" if o["met"] else "NO", "yes" if o["pareto"] else ""]
+             percent(o["attainment"], 2), yes_no(o["met"]), "yes" if o["pareto"] else ""]
             for i, o in enumerate(result["ranking"])]
     parts.append(html_table(["#", "candidate", "policy", "replicas at peak", "GPUs at peak", "cost/h at peak",
                          "cost/day", "attainment", "SLOs met", "Pareto"], rows))
@@ -100,13 +107,14 @@ def plan_html(result: dict, images: list[str]) -> str:
     for c in result["candidates"]:
         cap, st, orc = c["capacity"], c["static"] or {}, c["oracle"] or {}
         rows.append([c["name"], c["latency_model"], c["gpus_per_replica"],
-                     money(c["price_per_gpu_hour"], cur), cap["rps"],
-                     f"{cap['spread']['min']:.3g}-{cap['spread']['max']:.3g}",
-                     st.get("replicas"), st.get("cost_per_hour"), st.get("cost_per_million_output_tokens"),
-                     orc.get("cost_per_day")])
+                     money(c["price_per_gpu_hour"], cur), f"{num(cap['rps'])} req/s",
+                     f"{num(cap['spread']['min'])}-{num(cap['spread']['max'])} req/s",
+                     st.get("replicas"), *(_money(st.get(k), cur) for k in ("cost_per_hour",
+                                                                          "cost_per_million_output_tokens")),
+                     _money(orc.get("cost_per_day"), cur)])
     parts.append(html_table(["candidate", "latency model", "GPUs a replica", "price a GPU-hour",
-                         "capacity (req/s a replica)", "over seeds", "static replicas", f"static {cur}/h",
-                         f"static {cur} per M output tokens", f"oracle bound {cur}/day"], rows))
+                         "capacity (a replica)", "over seeds", "static replicas", "static cost/h",
+                         "static cost per M output tokens", "oracle bound cost/day"], rows))
     for img in images:
         parts.append(f"<h2>{html.escape(Path(img).stem)}</h2><img src='{html.escape(img)}'>")
     parts.append("</body></html>\n")
