@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.requests import PENDING
+from simulator.steptime import PS
+
 # no timestamps or version strings in the files, so equal runs give equal bytes
 _META = {"Software": None}
 SLO_STYLE = {"color": "red", "ls": ":", "lw": 1.2}
@@ -61,29 +64,54 @@ def _replicas_vs_load(fleet, out: Path) -> str:
 
 
 def _latency_over_time(fleet, req: dict, ok: np.ndarray, out: Path) -> str:
+    """Percentiles by arrival minute. A request with no first token by the end of the run counts in the
+    TTFT percentiles at its wait so far (a lower bound), so a backlog shows as rising lines, not as an
+    empty plot; the share of such requests is drawn too. TPOT needs a finished request."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     minute = (req["arrival"] // 60).astype(np.int64)
-    for ax, key, label in ((axes[0], "ttft", "TTFT (s)"), (axes[1], "tpot", "TPOT (s)")):
-        ms, pcts = [], []
-        for m in np.unique(minute[ok]):
-            v = req[key][ok & (minute == m)]
+    arrived = req["status"] != PENDING
+    waiting = arrived & np.isnan(req["ttft"])  # never served: unfinished, rejected or lost
+    ttft = np.where(waiting, fleet.end_time_ps / PS - req["arrival"], req["ttft"])
+    last = int(minute[arrived].max()) if arrived.any() else 0
+    for ax, key, ylabel in ((axes[0], "ttft", "TTFT (s)"), (axes[1], "tpot", "TPOT (s)")):
+        values, counted = (ttft, arrived) if key == "ttft" else (req[key], ok)
+        ms, pcts, unserved = [], [], []
+        for m in np.unique(minute[counted]):
+            sel = counted & (minute == m)
+            v = values[sel]
             v = v[~np.isnan(v)]
             if len(v):
                 ms.append(m)
                 pcts.append(np.percentile(v, [50, 90, 99]))
+                unserved.append(waiting[sel].sum() / len(v) if key == "ttft" else 0.0)
         pcts = np.array(pcts).reshape(-1, 3)
-        for j, lab in enumerate(("p50", "p90", "p99")):
-            ax.plot(ms, pcts[:, j], label=lab)
+        for j, (q, lab) in enumerate(((50, "p50"), (90, "p90"), (99, "p99"))):
+            (line,) = ax.plot(ms, pcts[:, j], label=lab)
+            # where the unserved reach this percentile it is only a lower bound: hollow markers
+            low = np.array(unserved) > 1 - q / 100
+            if low.any():
+                first = not any(h.get_label().startswith("o: ") for h in ax.get_lines())
+                ax.plot(np.array(ms)[low], pcts[low, j], "o", mfc="none", ms=4, color=line.get_color(),
+                        label="o: at least (unserved at their wait)" if first else "_nolegend_")
         for slo in _slos_for(fleet, key):
-            label = f"SLO {slo.metric} p{slo.percentile:g} <= {slo.seconds:g} s"
-            ax.axhline(slo.seconds, **SLO_STYLE, label=label)
+            slo_label = f"SLO {slo.metric} p{slo.percentile:g} <= {slo.seconds:g} s"
+            ax.axhline(slo.seconds, **SLO_STYLE, label=slo_label)
         ax.set_xlabel("arrival minute")
-        ax.set_ylabel(label)
+        ax.set_ylabel(ylabel)
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
-    fig.suptitle("Latency percentiles over time")
+        ax.set_xlim(0, max(last, 1))
+        ax.legend(fontsize=8, loc="upper left")
+    if waiting.any():
+        ms = np.arange(last + 1)
+        share = [100 * waiting[minute == m].sum() / max(arrived[minute == m].sum(), 1) for m in ms]
+        ax2 = axes[0].twinx()
+        ax2.plot(ms, share, color="grey", alpha=0.6, lw=0.9, ls="--", label="unserved (% of arrivals)")
+        ax2.set_ylim(0, 100)
+        ax2.set_ylabel("no first token by the end (%)")
+        _legend(axes[0], ax2)
+    fig.suptitle("Latency percentiles by arrival minute")
     return _save(fig, out, "latency_over_time.png")
 
 

@@ -286,3 +286,30 @@ def test_guide_is_named_in_help():
         out = subprocess.run([sys.executable, "-m", "slopilot.cli", command, "--help"], cwd=ROOT,
                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}).stdout
         assert "docs/guide.md" in out
+
+
+def test_latency_over_time_shows_requests_that_never_finished(tmp_path, monkeypatch):
+    # one replica (16 sequences) at 8 req/s from minute 2 on, no drain: the late arrivals never finish,
+    # and the plot of finished requests only used to look empty after the overload began
+    import numpy as np
+
+    import simulator.plots as plots
+
+    figures = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, out, name: save(figures.setdefault(name, fig), out, name))
+    sc = scenario(duration=600, max_num_seqs=16)
+    sc["workload"]["arrivals"] = {"piecewise": [[0, 0.5], [110, 0.5], [120, 8]]}
+    sc["workload"]["output_tokens"] = 300
+    sc["drain"] = {"enabled": False}
+    simulate(sc, tmp_path / "out", plots=True)
+    ttft_ax, tpot_ax, share_ax = figures["latency_over_time.png"].axes
+    p90 = next(line for line in ttft_ax.get_lines() if line.get_label() == "p90")
+    minutes, values = np.asarray(p90.get_xdata()), np.asarray(p90.get_ydata())
+    assert minutes.max() == 9  # every arrival minute, the last included
+    assert values[-1] > 10 * values[0]  # the backlog shows as a rising line
+    assert ttft_ax.get_ylabel() == "TTFT (s)"
+    assert "o: at least (unserved at their wait)" in [t.get_text() for t in ttft_ax.get_legend().get_texts()]
+    share = np.asarray(share_ax.get_lines()[0].get_ydata())
+    assert share[0] == 0 and share[-1] > 50  # most of the last minute's arrivals never had a first token
+    assert tpot_ax.get_xlim() == ttft_ax.get_xlim()
