@@ -135,3 +135,19 @@ def test_report_shows_numbers_for_humans(tmp_path):
     assert "<td>ttft 299 ms, tpot 22.9 ms</td><td>NO</td><td>0.0515</td><td>1.32x</td>" in html
     for raw in ("0.022854", "0.2994", "False", "None", "0.504317"):
         assert raw not in html, raw
+
+
+def test_plot_spans_the_workload_not_the_slowest_drain():
+    # a row that drained for 2 h after a 30-minute workload used to stretch the x-axis to minute 150
+    def row(name, end):
+        return {"name": name, "kind": "spec", "timeline": [[t, 2, 5.0 if t < 1800 else 0.0]
+                                                          for t in range(0, end + 1, 60)]}
+
+    result = {"scenario": "s", "duration": 1800, "rows": [row("fast", 1900), row("slow", 9000)]}
+    ax = replicas_figure(result).axes[0]
+    assert ax.get_xlim() == (0, 30)
+    assert any("to minute 150) not shown" in t.get_text() for t in ax.texts)
+    result = {**result, "duration": None}  # a trace's run: the last arrival bounds it
+    assert replicas_figure(result).axes[0].get_xlim() == (0, 29)
+    result["rows"] = [row("fast", 1900)]
+    assert len(replicas_figure({**result, "duration": 1900}).axes[0].texts) == 0  # nothing cut off

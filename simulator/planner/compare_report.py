@@ -40,6 +40,14 @@ def replicas_figure(result: dict):
         t, n = [p[0] / 60 for p in r["timeline"]], [p[1] for p in r["timeline"]]
         style = {"color": "black", "lw": 1.6} if r["kind"] == "oracle" else {"lw": 1.1}
         ax.step(t, n, where="post", label=r["name"], **style)
+    # the workload's span, not the slowest row's drain (which would squeeze every other row to the left)
+    end = max((p[0] for r in result["rows"] for p in r["timeline"]), default=0.0)
+    arrivals_end = result.get("duration") or max(
+        (p[0] for r in result["rows"] for p in r["timeline"] if p[2]), default=end)
+    ax.set_xlim(0, max(arrivals_end, 60.0) / 60)
+    if end > arrivals_end:
+        ax.annotate(f"drains after the last arrival (to minute {end / 60:.0f}) not shown",
+                    (1, -0.12), xycoords="axes fraction", ha="right", fontsize=7, color="grey")
     ax.set_xlabel("time (min)")
     ax.set_ylabel("replicas (provisioning + ready)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
