@@ -20,6 +20,10 @@ from controlplane.sources.base import needed
 from slopilot.cli import main
 from tests import toy_policy
 
+# importing it registered toyQueue while pytest collected this file: only this file's tests (the
+# fixture below) may see it, not the CRD and schema tests collected beside it
+unregister("toyQueue")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SPEC = """\

@@ -33,9 +33,11 @@ def series(tmp_path_factory):
 
 
 def peak_rss_mb_and_result(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
-    code = ("import resource, sys; from slopilot.cli import main; rc = main(sys.argv[1:]); "
-            "sys.stderr.write('RSS %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); "
-            "sys.exit(rc)")
+    # VmHWM is this process image's own peak; getrusage's ru_maxrss would carry the forking parent's
+    # (pytest's, over 1 GB late in a whole-suite run) across exec
+    code = ("import re, sys; from slopilot.cli import main; rc = main(sys.argv[1:]); "
+            "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "
+            "sys.stderr.write('RSS %s\\n' % hwm); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     rss = next(int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("RSS "))

@@ -22,6 +22,9 @@ from simulator.scorers import SCORER_PLUGINS
 from slopilot.cli import main
 from tests import toy_router_plugins
 
+# importing it registered the toy plugins at collection: only this file's tests (the fixture) see them
+toy_router_plugins.unregister()
+
 
 @pytest.fixture(autouse=True)
 def toys():
