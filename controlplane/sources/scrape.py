@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -136,10 +135,20 @@ class ScrapeSource(QuerySource):
 
     def _fetch(self, url: str) -> tuple[str, float, list | None, str | None]:
         t = self.clock()  # Prometheus stamps a scrape with its start time
+        # the page is read chunk by chunk and dropped at the deadline, so a dripping endpoint's worker
+        # thread ends (and its connection closes) instead of outliving the round: the pool's threads
+        # are joined when the process exits, and one stuck on a page dripped for ever hung that exit
+        deadline = time.monotonic() + self.timeout
         try:
-            r = self._client.get(url)
-            r.raise_for_status()
-            return url, t, parse_page(r.text, urlsplit(url).netloc, self.job), None
+            with self._client.stream("GET", url) as r:
+                r.raise_for_status()
+                body = bytearray()
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        return url, t, None, f"no complete page within {self.timeout:g}s"
+            text = body.decode(r.encoding or "utf-8", errors="replace")
+            return url, t, parse_page(text, urlsplit(url).netloc, self.job), None
         except (httpx.HTTPError, ValueError) as exc:
             return url, t, None, f"{type(exc).__name__}: {exc}"
 
@@ -147,15 +156,25 @@ class ScrapeSource(QuerySource):
         """One round over the current endpoints (or `only` these); endpoint -> error (None = scraped)."""
         listed = self.endpoints()
         urls = listed if only is None else [metrics_url(u) for u in only]
-        # the timeout bounds each whole page (a page dripped a byte a second never trips a read's):
-        # a fetch still running at the deadline is that endpoint's failed scrape, its thread left behind
-        pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(urls))))
-        t0 = self.clock()
-        futures = [pool.submit(self._fetch, u) for u in urls]
-        wait(futures, timeout=self.timeout)
-        pool.shutdown(wait=False, cancel_futures=True)
-        results = [f.result() if f.done() and not f.cancelled() else
-                   (u, t0, None, f"no complete page within {self.timeout:g}s") for u, f in zip(urls, futures)]
+        # the timeout bounds each whole page (a page dripped a byte a second never trips a read's): a
+        # fetch still running at the deadline is that endpoint's failed scrape. Each fetch runs in a
+        # daemon thread (a pool's threads are joined at exit, so one stuck on a head dripped for ever
+        # hung the process's exit); _fetch itself gives up on a dripped body at the deadline
+        t0, end = self.clock(), time.monotonic() + self.timeout
+        answers: dict[int, tuple[str, float, list | None, str | None]] = {}
+        arrived = threading.Semaphore(0)
+
+        def fetch(i: int, url: str) -> None:
+            answers[i] = self._fetch(url)
+            arrived.release()
+
+        for i, url in enumerate(urls):
+            threading.Thread(target=fetch, args=(i, url), name="scrape", daemon=True).start()
+        for _ in urls:
+            if not arrived.acquire(timeout=max(0.0, end - time.monotonic())):
+                break
+        late = f"no complete page within {self.timeout:g}s"
+        results = [answers.get(i, (u, t0, None, late)) for i, u in enumerate(urls)]
         with self._lock:
             current = self._current = set(listed)
             for url, t, samples, error in results:
