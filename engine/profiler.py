@@ -176,17 +176,21 @@ def fit_memory(shapes: list[StepShape], block_size: int, max_blocks: int) -> tup
     return keep, [s for s in shapes if kv_blocks(s, block_size) > max_blocks]
 
 
+def zero_kv(runner) -> None:
+    """Zero the runner's KV pool. Profiled steps attend over context that was never written, and the
+    CPU pool starts unfilled: unzeroed, a step reads whatever the pages held (NaN logits included)."""
+    for key_cache, value_cache in runner.kv_caches:
+        key_cache.zero_()
+        value_cache.zero_()
+
+
 def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_name: str, dtype: str,
                  repeats: int, warmup: int = 1, seed: int = 0, on_row=None) -> list[dict]:
     """Measure every shape on runner; on_row(row) is called as each is measured."""
     rng = random.Random(seed)
     pool = list(range(runner.num_kv_blocks))
     rng.shuffle(pool)  # non-adjacent blocks, as a long-running engine has them
-    # the steps attend over context that was never written (the CPU pool starts unfilled): zero it
-    # once so the timed forward reads numbers, not whatever the pages held
-    for key_cache, value_cache in runner.kv_caches:
-        key_cache.zero_()
-        value_cache.zero_()
+    zero_kv(runner)
     rows = []
     for shape in shapes:
         seqs, news = build_step(shape, pool, runner.block_size, runner.config.vocab_size, rng)

@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     import random
 
     pool = list(range(runner.num_kv_blocks))
+    prof.zero_kv(runner)  # before the warm-up steps too: they read context never written
     for shape in sorted(shapes, key=lambda s: s.num_tokens)[len(shapes) // 2:][:2]:
         seqs, news = prof.build_step(shape, pool, bs, runner.config.vocab_size, random.Random(args.seed))
         prof.time_step(runner, seqs, news, repeats=1, warmup=2)
