@@ -18,39 +18,11 @@ import argparse
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", *args, "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{' '.join(args)} did not start")
-        time.sleep(0.2)
+from router_overhead import spawn  # bench/ is on the path when a bench script runs
 
 
 def role(r: str) -> list[str]:
@@ -65,9 +37,9 @@ def main() -> None:
     args = ap.parse_args()
     procs = []
     try:
-        p, purl = spawn(["serve", "tiny", *role("kv_producer")])
+        p, purl = spawn(["serve", "tiny", *role("kv_producer")], start_timeout=120)
         procs.append(p)
-        d, durl = spawn(["serve", "tiny", *role("kv_consumer")])
+        d, durl = spawn(["serve", "tiny", *role("kv_consumer")], start_timeout=120)
         procs.append(d)
         r, rurl = spawn(["route", "--endpoint", durl, "--prefill-endpoint", purl, "--pd-threshold", "0"])
         procs.append(r)

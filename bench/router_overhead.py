@@ -44,12 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+def spawn(args: list[str], start_timeout: float = 90) -> tuple[subprocess.Popen, str]:
+    """A `slopilot` subcommand on a free port, once its /health answers 200."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", *args, "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + start_timeout
     while True:
         try:
             if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
