@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 from bench_models import hf_config, model_dir
+from engine_inputs import azure_mix, run_vllm, warmup_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NUM_SEQS = 256
 
 
 def workloads(names: list[str], seed: int, vocab: int, max_len: int) -> dict[str, tuple[list, list]]:
-    from engine_throughput import azure_mix
 
     rng = random.Random(seed)
 
@@ -62,7 +62,6 @@ def kv_gib(size: str, dtype: str, loads: dict) -> int:
 
 def ours_child(spec_path: str) -> None:
     """One run of ours in this process: prints {"tok_s", "cpu_tok_s", "backend"} as JSON."""
-    from engine_throughput import warmup_prompts
 
     from engine import LLM, SamplingParams
 
@@ -94,7 +93,6 @@ def run_ours(path: Path, prompts, outs, dtype: str, seed: int, threads: int | No
 
 def compare(sizes: list[str], dtypes: list[str], names: list[str], repeats: int, seed: int,
             json_path: str | None, threads: int | None) -> None:
-    from engine_throughput import run_vllm
 
     runs: dict[tuple[str, str, str, str], list[tuple[float, float, float]]] = {}
 

@@ -31,13 +31,11 @@ and the load average of each run:
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,34 +47,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 importlib.import_module("engine")  # before torch loads: importing engine sets OpenMP's wait policy
 
 import torch  # noqa: E402
+from engine_inputs import VLLM_PY, azure_mix, run_vllm, warmup_prompts  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
              rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.05)
-
-
-def azure_mix(n: int, max_len: int, seed: int) -> list[tuple[int, int]]:
-    """(prompt, output) lengths drawn from the Azure conversation trace, scaled to fit max_len."""
-    trace = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
-    rng = random.Random(seed)
-    if trace.exists():
-        with open(trace) as f:
-            rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
-        pairs = rng.sample(rows, n)
-    else:  # lognormals with the trace's published means and medians (1155/1020, 211/129)
-        import math
-
-        def ln(mean, median):
-            mu = math.log(median)
-            return lambda: rng.lognormvariate(mu, math.sqrt(2 * (math.log(mean) - mu)))
-
-        p, o = ln(1155, 1020), ln(211, 129)
-        pairs = [(int(p()), int(o())) for _ in range(n)]
-    scale = 8  # the trace's 8k-token context scaled to our 1k-token model
-    return [(max(1, min(p // scale, max_len // 2)), max(1, min(o // scale, max_len // 2))) for p, o in pairs]
 
 
 def run_ours(path: str, prompts, outs, max_num_seqs: int, backend: str = "auto", dtype: str = "float32",
@@ -184,34 +161,6 @@ def compare_backends(backends: list[str], dtypes: list[str], repeats: int, seed:
                 ratio = "  " + "  ".join(f"{b}/{backends[0]} {row[b][0] / base[0]:.2f}x "
                                          f"[{row[b][1] / base[1]:.2f}x]" for b in backends[1:])
             print(f"  {name:15s} {dtype:9s} {cells}{ratio}")
-
-
-def run_vllm(model_dir: str, runs: list[dict], dtype: str, repeats: int, llm_kwargs: dict | None = None,
-             seed: int = 0, kv_gib: int = 1) -> dict:
-    """Real vLLM on the same model directory, in its own environment: runs are {"name", "prompts",
-    "outputs", "max_num_seqs"}; returns bench/vllm_throughput.py's JSON (tok/s per run name).
-    vLLM runs with its own OpenMP settings: the wait policy importing engine set here is dropped."""
-    from engine import threads
-
-    cache = ROOT / "build" / "vllm-cache"
-    env = threads.child_env({k: v for k, v in os.environ.items()
-                             if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")})
-    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CACHE_ROOT=str(cache / "vllm"),
-               TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), VLLM_CPU_KVCACHE_SPACE=str(kv_gib),
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")
-    spec = {"model": model_dir, "dtype": dtype, "repeats": repeats, "runs": runs,
-            "warmup": warmup_prompts(seed), "llm": llm_kwargs or {}}
-    path = Path(model_dir) / "vllm-spec.json"
-    path.write_text(json.dumps(spec))
-    done = subprocess.run([str(VLLM_PY), str(ROOT / "bench" / "vllm_throughput.py"), str(path)], env=env,
-                          cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def warmup_prompts(seed: int) -> list[list[int]]:
-    """Four short prompts no workload shares a prefix with (so the warm-up fills no prefix cache)."""
-    rng = random.Random(seed + 1000)
-    return [[rng.randrange(3, MODEL["vocab_size"]) for _ in range(24)] for _ in range(4)]
 
 
 def ours_once(model_dir: str, prompts, outs, dtype: str, seed: int) -> tuple[float, float, str]:
