@@ -15,16 +15,16 @@ import numpy as np
 import simpy
 
 from engine.core.scheduler import RequestRejected
+from routing.flow import GatewayQueue, pump
+from routing.router import Router
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
-from simulator.flow import GatewayQueue, pump
 from simulator.frontend import draw_ms
 from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
 from simulator.pd import PDService
 from simulator.replica import Replica
 from simulator.requests import RequestLog, SimSequence
-from simulator.router import Router
 from simulator.scenario import PoolSpec, Scenario
 from simulator.scrape import scrape_process
 from simulator.steptime import PS, StepTimer, seconds, to_ps

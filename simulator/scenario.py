@@ -20,14 +20,14 @@ from autoscaler.spec import load_spec
 from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
 from engine.core.scheduler import whole_prefill_error
+from routing.flow import Band, SaturationDetector
+from routing.router import Router
 from simulator.dists import Dist
-from simulator.flow import Band, SaturationDetector
 from simulator.frontend import frontend_from_provenance
 from simulator.latency.loader import is_derived, model_ref
 from simulator.pd_spec import PDSpec, pd_config
 from simulator.promql import PromQLError, compile_query
 from simulator.promql.rules import RuleGroup, rule_groups
-from simulator.router import Router
 from simulator.scenario_limits import (
     MAX_DURATION,
     MAX_KV_BLOCKS,
@@ -414,7 +414,7 @@ def _router(r: dict) -> dict:
 
 
 def _flow_control(f: dict) -> dict:
-    """The gateway queue's settings, defaults filled (simulator.flow)."""
+    """The gateway queue's settings, defaults filled (routing.flow)."""
     bands = [Band(int(b["priority"]), int(b.get("capacity", Band.capacity)), float(b.get("ttl", Band.ttl)),
                   str(b.get("name", "")), float(b.get("saturation", Band.saturation)))
              for b in f.get("bands", [{"priority": 0}])]

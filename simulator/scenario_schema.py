@@ -13,10 +13,11 @@ from pathlib import Path
 
 from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
+from routing.pickers import POLICY_NAMES
+from routing.scorers import WEIGHTS_SCHEMA
 from simulator.dists import Dist, parse_dist
 from simulator.latency.loader import LATENCY_MODEL_SCHEMA
 from simulator.pd_spec import PD_SCHEMA
-from simulator.pickers import POLICY_NAMES
 from simulator.scenario_limits import (
     MAX_BLOCK_SIZE,
     MAX_CV,
@@ -35,9 +36,8 @@ from simulator.scenario_limits import (
     MIN_MTBF,
     MIN_SCRAPE_INTERVAL,
 )
-from simulator.scorers import WEIGHTS_SCHEMA
 
-ROUTERS = POLICY_NAMES  # the registered pickers (simulator.pickers), in registration order
+ROUTERS = POLICY_NAMES  # the registered pickers (routing.pickers), in registration order
 SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
 
@@ -232,7 +232,7 @@ ROUTER = mapping(
         "kv_threshold": POS,
         "queue_threshold": COUNT0,
         "latency_ms": NONNEG,
-        # a gateway queue in front of the replicas (simulator.flow): requests wait there while every
+        # a gateway queue in front of the replicas (routing.flow): requests wait there while every
         # replica is saturated, highest band first; `share` is the fraction of requests in a band,
         # `saturation` the utilization under which a replica takes the band's requests (1: the thresholds)
         "flow_control": mapping({

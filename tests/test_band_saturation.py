@@ -1,4 +1,4 @@
-"""A priority band's own saturation level (simulator.flow.Band.saturation): a batch band held at a
+"""A priority band's own saturation level (routing.flow.Band.saturation): a batch band held at a
 lower level waits in the gateway while the interactive band still dispatches, in the simulator's
 flow control and in the live router's gate (the same `pump`)."""
 
@@ -11,7 +11,7 @@ from controlplane.router.config import load_router_config
 from controlplane.router.gate import Gate, Pending
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
-from simulator.flow import Band, GatewayQueue, SaturationDetector, pump
+from routing.flow import Band, GatewayQueue, SaturationDetector, pump
 from simulator.scenario import load_scenario
 
 INTERACTIVE, BATCH = 10, 0

@@ -4,7 +4,7 @@ from engine.core.block_hash import ROOT, block_hashes
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
-from simulator.router import prefix_hashes
+from routing.router import prefix_hashes
 
 
 def test_common_prefix_shares_hashes_until_the_first_differing_block():

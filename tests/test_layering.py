@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("autoscaler", "engine", "simulator", "controlplane", "slopilot")
-LIGHT = ("autoscaler", "simulator", "controlplane", "engine.core")  # must start without torch
+PACKAGES = ("autoscaler", "engine", "routing", "simulator", "controlplane", "slopilot")
+LIGHT = ("autoscaler", "routing", "simulator", "controlplane", "engine.core")  # must start without torch
 HEAVY = ("torch", "triton")
 
 # package -> our modules it may import (a prefix match on dotted names); its own are always allowed
@@ -23,9 +23,10 @@ ALLOWED = {
     "autoscaler": (),
     "engine.core": ("engine._page_allocator",),  # the C++ extension built from csrc/
     "engine": (),
-    "simulator": ("autoscaler", "engine.core"),
-    "controlplane": ("autoscaler", "simulator", "engine.core"),
-    "slopilot": ("autoscaler", "engine", "simulator", "controlplane"),
+    "routing": ("engine.core",),
+    "simulator": ("autoscaler", "routing", "engine.core"),
+    "controlplane": ("autoscaler", "routing", "simulator", "engine.core"),
+    "slopilot": ("autoscaler", "engine", "routing", "simulator", "controlplane"),
 }
 
 
@@ -204,6 +205,8 @@ def test_light_packages_never_reach_torch():
         ({"simulator.replica": {"engine.core.scheduler", "autoscaler.policy", "numpy"}}, []),
         ({"controlplane.x": {"slopilot.cli"}}, ["controlplane.x imports slopilot.cli"]),
         ({"slopilot.commands.serve": {"engine.server", "simulator.latency"}}, []),
+        ({"routing.router": {"simulator.fleet"}}, ["routing.router imports simulator.fleet"]),
+        ({"controlplane.router.gate": {"routing.flow", "simulator.scenario"}}, []),
     ],
 )
 def test_layer_rule_examples(graph, expected):

@@ -7,7 +7,7 @@ import pytest
 from controlplane.router.config import RouterConfig, load_router_config, seconds
 from controlplane.router.endpoints import Endpoint, read_gauges
 from controlplane.router.prompt import ByteTokenizer, PromptReader, chat_text, request_prompt
-from simulator.prefix import prefix_hashes
+from routing.prefix import prefix_hashes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

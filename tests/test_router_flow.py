@@ -1,10 +1,10 @@
-"""Gateway flow control (simulator.flow): bands, capacity, TTL, saturation, dispatch order."""
+"""Gateway flow control (routing.flow): bands, capacity, TTL, saturation, dispatch order."""
 
 from dataclasses import dataclass
 
 import pytest
 
-from simulator.flow import Band, GatewayQueue, SaturationDetector, pump
+from routing.flow import Band, GatewayQueue, SaturationDetector, pump
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Scorers and pickers are registered once (simulator.scorers, simulator.pickers): the toy ones of
+"""Scorers and pickers are registered once (routing.scorers, routing.pickers): the toy ones of
 tests/toy_router_plugins.py, registered in that one module, work in the simulated router (a scenario's
 router block), in the router's EndpointPickerConfig and in `slopilot route`."""
 
@@ -17,8 +17,8 @@ import yaml
 from controlplane.prometheus_server import free_port
 from controlplane.router import httpserver
 from controlplane.router.config import load_router_config
-from simulator.router import Router
-from simulator.scorers import SCORER_PLUGINS
+from routing.router import Router
+from routing.scorers import SCORER_PLUGINS
 from slopilot.cli import main
 from tests import toy_router_plugins
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from simulator.router import PrefixIndex, Router, prefix_hashes
+from routing.router import PrefixIndex, Router, prefix_hashes
 
 
 @dataclass

@@ -9,8 +9,8 @@ EndpointPickerConfig and `slopilot route` all take them.
 
 from __future__ import annotations
 
-from simulator.pickers import register_picker, unregister_picker
-from simulator.scorers import register_scorer, unregister_scorer
+from routing.pickers import register_picker, unregister_picker
+from routing.scorers import register_scorer, unregister_scorer
 
 
 def fullest(replicas, ctx) -> list[float]:

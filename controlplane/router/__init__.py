@@ -1,5 +1,5 @@
 """The live LLM-aware router: an OpenAI-compatible proxy that picks an endpoint per request with the
-simulator's scoring code (simulator.router), holds requests in a gateway queue (simulator.flow) while
+simulator's scoring code (routing.router), holds requests in a gateway queue (routing.flow) while
 the pool is saturated or scaled to zero, and exports llm-d-named metrics for autoscaling.
 
     cfg = load_router_config("examples/router.yaml")

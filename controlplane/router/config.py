@@ -30,7 +30,7 @@ Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-
 router), running-requests-scorer (running), session-affinity-scorer (session; the header is a
 parameter). Pickers: max-score-picker (the weighted policy), round-robin-picker, random-picker,
 least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy). These
-are the plugin types registered with the scorers and pickers (simulator.scorers, simulator.pickers);
+are the plugin types registered with the scorers and pickers (routing.scorers, routing.pickers);
 one registered later is accepted here too.
 """
 
@@ -43,19 +43,19 @@ from pathlib import Path
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
 from controlplane.specs import read_text
-from simulator.flow import Band
-from simulator.pickers import PICKERS
+from routing.flow import Band
+from routing.pickers import PICKERS
+from routing.scorers import SCORER_PLUGINS
 from simulator.scenario_schema import mapping
-from simulator.scorers import SCORER_PLUGINS
 
 
 def scorer_types() -> dict[str, str]:
-    """EndpointPickerConfig scorer plugin type -> the registered scorer it runs (simulator.scorers)."""
+    """EndpointPickerConfig scorer plugin type -> the registered scorer it runs (routing.scorers)."""
     return {p.plugin_type: p.name for p in SCORER_PLUGINS.values() if p.plugin_type}
 
 
 def picker_types() -> dict[str, str]:
-    """EndpointPickerConfig picker plugin type -> the registered picker (simulator.pickers)."""
+    """EndpointPickerConfig picker plugin type -> the registered picker (routing.pickers)."""
     return {p.plugin_type: p.name for p in PICKERS.values() if p.plugin_type}
 
 

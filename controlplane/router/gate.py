@@ -1,4 +1,4 @@
-"""Admission at the gateway: the shared flow control (simulator.flow) and picker (simulator.router)
+"""Admission at the gateway: the shared flow control (routing.flow) and picker (routing.router)
 on the live pool, in the event loop.
 
 A request is offered to its priority band (full: 429), then waits for `pump` to dispatch it: the
@@ -20,8 +20,8 @@ from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import Endpoint
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
-from simulator.flow import GatewayQueue, Held, SaturationDetector, pump
-from simulator.router import Router
+from routing.flow import GatewayQueue, Held, SaturationDetector, pump
+from routing.router import Router
 
 UNGATED = SaturationDetector(queue_threshold=2**31 - 1, kv_threshold=1.0)
 

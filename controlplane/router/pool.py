@@ -23,7 +23,7 @@ from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import METRICS_QUERY, Endpoint, read_gauges
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.upstream import Upstream, UpstreamError
-from simulator.scorers import routable
+from routing.scorers import routable
 
 log = logging.getLogger("slopilot.router")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.prefix import prefix_hashes, text_hashes
+from routing.prefix import prefix_hashes, text_hashes
 
 CHARS_PER_TOKEN = 4  # the size estimate of a prompt without a tokenizer
 

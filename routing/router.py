@@ -2,9 +2,9 @@
 
 A replica is anything with the attributes of ReplicaView (the simulator's replicas, or the live
 router's records of scraped metrics). `Router.pick` returns the index of the chosen replica in the
-list it was given, chosen by the registered picker its policy names (simulator.pickers). The weighted
+list it was given, chosen by the registered picker its policy names (routing.pickers). The weighted
 policy follows llm-d's endpoint picker: filter (drop saturated endpoints unless all are), score (each
-scorer in [0, 1], simulator.scorers), pick the best weighted sum, ties broken in turn or at random
+scorer in [0, 1], routing.scorers), pick the best weighted sum, ties broken in turn or at random
 (seeded).
 """
 
@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from simulator.pickers import PICKERS
-from simulator.prefix import PrefixIndex, prefix_hashes, text_hashes
-from simulator.scorers import SCORER_PLUGINS, SCORERS, ReplicaView, minmax_score, routable
+from routing.pickers import PICKERS
+from routing.prefix import PrefixIndex, prefix_hashes, text_hashes
+from routing.scorers import SCORER_PLUGINS, SCORERS, ReplicaView, minmax_score, routable
 
 __all__ = ["SCORERS", "PrefixIndex", "ReplicaView", "Router", "minmax_score", "prefix_hashes", "routable",
            "text_hashes"]
@@ -92,7 +92,7 @@ class Router:
             raise ValueError("no replica to route to")
         if hashes is None:
             hashes = prefix_hashes(token_ids, self.block_tokens) if self.uses_prefix and token_ids else []
-        i = self._picker(self, replicas, hashes, session)  # simulator.pickers
+        i = self._picker(self, replicas, hashes, session)  # routing.pickers
         if self.index is not None and hashes:
             self.index.record(replicas[i].id, hashes)
         if self.sessions is not None and session is not None:

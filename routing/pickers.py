@@ -1,4 +1,4 @@
-"""The router's pickers, registered beside the scorers (simulator.scorers): each takes the router (its
+"""The router's pickers, registered beside the scorers (routing.scorers): each takes the router (its
 turn counter, seeded generator, prefix index, sessions, thresholds), the replicas, the request's prefix
 hashes and session, and returns the index of the chosen replica. `Router.pick` looks its picker up
 here; a new picker is one register_picker() call in its own module.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from simulator.scorers import SCORERS, Plugin, below_thresholds
+from routing.scorers import SCORERS, Plugin, below_thresholds
 
 Picker = Callable[..., int]  # (router, replicas, hashes, session) -> index
 

@@ -4,7 +4,7 @@ A scorer maps the candidate replicas to scores in [0, 1] (higher is better); `ct
 request brings (its prefix match per replica, its session's last replica). A filter keeps replicas.
 Each scorer is registered once (register_scorer: its scenario name, its EndpointPickerConfig plugin
 type); the scenario schema, the live router's config and the weighted picker read the registry. The
-pickers are registered the same way, beside them, in simulator/pickers.py.
+pickers are registered the same way, beside them, in routing/pickers.py.
 """
 
 from __future__ import annotations
