@@ -78,6 +78,7 @@ def build_loop(spec: Spec, settings: ControllerArgs, target_for: Callable[[Spec]
     source = source_for_spec(spec, target)
     lp = log_path(settings.decision_log, log_name or spec.name, several)
     log_file = DecisionLog(lp, [t.name for t in spec.triggers]) if lp else None
-    if make is not None:
-        return make(policy, source, target, log_file)
-    return AutoscalerLoop(spec, policy, source, target, state, log_file, telemetry)
+    loop = make(policy, source, target, log_file) if make is not None else \
+        AutoscalerLoop(spec, policy, source, target, state, log_file, telemetry)
+    loop.silence.polls = settings.silent_polls
+    return loop

@@ -25,9 +25,11 @@ from autoscaler.observation import Observation
 from autoscaler.policy import Policy
 from autoscaler.reconcile import ScaleError, Step, reconcile
 from controlplane.decision_log import DecisionLog
+from controlplane.settings import ControllerArgs
 from controlplane.source_health import SourceHealth, describe
 from controlplane.state import StateStore
 from controlplane.telemetry import Telemetry
+from controlplane.trigger_silence import TriggerSilence
 
 log = logging.getLogger("slopilot.control")
 RETRY_FIRST, RETRY_MAX = 1.0, 60.0  # seconds: backoff of a failed scale, doubling
@@ -56,6 +58,7 @@ class AutoscalerLoop:
         self.last_failures: dict[str, str] = {}  # metric -> error message, of the last tick
         self.lock = threading.Lock()
         self.health = SourceHealth(self.name, describe(source))
+        self.silence = TriggerSilence(self.name, spec.triggers, ControllerArgs.silent_polls)
         if state is not None:
             saved = state.load(self.name)
             if saved is not None:
@@ -83,6 +86,7 @@ class AutoscalerLoop:
         step = reconcile(self.policy, obs, self.target)
         self.last_failures = self.failures(obs, crashed)
         self.health.update(self.last_failures, self.policy, step.desired, step.decision.reason)
+        self.silence.update(obs, self.source)
         self.pending = None if step.applied else self._failed(step)
         self.last_obs, self.last_step = obs, step
         self._save(now, step.desired if step.applied else current)

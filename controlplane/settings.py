@@ -39,12 +39,15 @@ class ControllerArgs:
     renew_deadline: float = RENEW_DEADLINE
     retry_period: float = RETRY_PERIOD
     identity: str | None = None  # None: host name and a random suffix
+    silent_polls: int = 10  # polls in a row a trigger may return no series before it is reported
     scrape_interval: float = 15.0  # seconds between scrapes of a target's pods (no Prometheus)
     resync: float = RESYNC  # seconds between full lists of the watched resources
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("--workers must be >= 1")
+        if self.silent_polls < 1:
+            raise ValueError(f"--silent-polls: must be >= 1, got {self.silent_polls}")
         if self.window <= 0:
             raise ValueError(f"window: must be > 0 seconds, got {self.window}")
 
@@ -72,6 +75,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    help="append a replayable CSV row per reconcile ({name} in the path for several specs)")
     p.add_argument("--workers", type=int, default=d.workers, help="reconciles that may run at once")
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds for each metric query")
+    p.add_argument("--silent-polls", type=int, default=d.silent_polls, metavar="N",
+                   help="warn, with the label values that exist, when a trigger's query returns no series "
+                        "N polls in a row (KEDA reads it as 0)")
 
 
 def add_kube_cli_args(k) -> None:
