@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controlplane.prometheus_server import PrometheusServer  # noqa: E402
-from simulator.promql import instant_query, range_query  # noqa: E402
-from simulator.promql.omcache import cache_path, load_cached  # noqa: E402
-from simulator.promql.openmetrics import write_openmetrics  # noqa: E402
+from promql import instant_query, range_query  # noqa: E402
+from promql.omcache import cache_path, load_cached  # noqa: E402
+from promql.openmetrics import write_openmetrics  # noqa: E402
 
 BUCKETS = ["0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "20.0", "+Inf"]
 TTFT = "vllm:time_to_first_token_seconds_bucket"

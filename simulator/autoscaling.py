@@ -18,8 +18,8 @@ from autoscaler.observation import Observation
 from autoscaler.policy import Policy
 from autoscaler.reconcile import reconcile
 from autoscaler.schedule import FixedPolicy, SchedulePolicy
+from promql import Evaluator, PromQLError, compile_query
 from simulator.metrics import LAYOUT, quantile_of
-from simulator.promql import Evaluator, PromQLError, compile_query
 from simulator.steptime import seconds, to_ps
 
 PERCENTILES = (50.0, 90.0, 99.0)

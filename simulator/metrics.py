@@ -21,8 +21,8 @@ import numpy as np
 from prometheus_client.utils import floatToGoString
 
 from engine.core.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
-from simulator.promql.storage import MemoryStorage, labels_of
-from simulator.promql.targets import Column, TargetStorage
+from promql.storage import MemoryStorage, labels_of
+from promql.targets import Column, TargetStorage
 
 E2E_BUCKETS = REQUEST_LATENCY_BUCKETS  # e2e, queue, prefill and decode times share them
 

@@ -20,14 +20,14 @@ from autoscaler.spec import load_spec
 from autoscaler.validation import check, problems
 from autoscaler.yamlfile import Document, document, dotted, parse
 from engine.core.scheduler import whole_prefill_error
+from promql import PromQLError, compile_query
+from promql.rules import RuleGroup, rule_groups
 from routing.flow import Band, SaturationDetector
 from routing.router import Router
 from simulator.dists import Dist
 from simulator.frontend import frontend_from_provenance
 from simulator.latency.loader import is_derived, model_ref
 from simulator.pd_spec import PDSpec, pd_config
-from simulator.promql import PromQLError, compile_query
-from simulator.promql.rules import RuleGroup, rule_groups
 from simulator.scenario_limits import (
     MAX_DURATION,
     MAX_KV_BLOCKS,

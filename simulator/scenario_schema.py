@@ -266,7 +266,7 @@ SCENARIO = mapping(
             {
                 "scrape_interval": at_least(SECONDS, MIN_SCRAPE_INTERVAL),
                 "rate_window": at_most(POS, MAX_WINDOW),
-                # Prometheus recording rules (simulator.promql.rules): rule files (or PrometheusRule
+                # Prometheus recording rules (promql.rules): rule files (or PrometheusRule
                 # manifests) next to the scenario, and/or one rule file's content inline
                 "rule_files": {"type": "array", "items": STR},
                 "rules": {"type": "object",

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from promql import LOOKBACK, lookbehind
+from promql.parse import Selector
+from promql.rules import evaluate_group
+from promql.storage import labels_of
+from promql.targets import Column
+from promql.tree import walk
 from simulator.metrics import histogram_columns, replica_columns
-from simulator.promql import LOOKBACK, lookbehind
-from simulator.promql.parse import Selector
-from simulator.promql.rules import evaluate_group
-from simulator.promql.storage import labels_of
-from simulator.promql.targets import Column
-from simulator.promql.tree import walk
 from simulator.requests import OK
 from simulator.steptime import PS, seconds, to_ps
 

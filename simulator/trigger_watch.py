@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import difflib
 
-from simulator.promql.parse import Selector, compile_query
-from simulator.promql.tree import walk
+from promql.parse import Selector, compile_query
+from promql.tree import walk
 
 
 def all_labels(store) -> list[tuple]:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("autoscaler", "engine", "routing", "simulator", "controlplane", "slopilot")
-LIGHT = ("autoscaler", "routing", "simulator", "controlplane", "engine.core")  # must start without torch
+PACKAGES = ("autoscaler", "engine", "promql", "routing", "simulator", "controlplane", "slopilot")
+# must start without torch
+LIGHT = ("autoscaler", "promql", "routing", "simulator", "controlplane", "engine.core")
 HEAVY = ("torch", "triton")
 
 # package -> our modules it may import (a prefix match on dotted names); its own are always allowed
@@ -23,10 +24,11 @@ ALLOWED = {
     "autoscaler": (),
     "engine.core": ("engine._page_allocator",),  # the C++ extension built from csrc/
     "engine": (),
+    "promql": (),
     "routing": ("engine.core",),
-    "simulator": ("autoscaler", "routing", "engine.core"),
-    "controlplane": ("autoscaler", "routing", "simulator", "engine.core"),
-    "slopilot": ("autoscaler", "engine", "routing", "simulator", "controlplane"),
+    "simulator": ("autoscaler", "promql", "routing", "engine.core"),
+    "controlplane": ("autoscaler", "promql", "routing", "simulator", "engine.core"),
+    "slopilot": ("autoscaler", "engine", "promql", "routing", "simulator", "controlplane"),
 }
 
 
@@ -207,6 +209,8 @@ def test_light_packages_never_reach_torch():
         ({"slopilot.commands.serve": {"engine.server", "simulator.latency"}}, []),
         ({"routing.router": {"simulator.fleet"}}, ["routing.router imports simulator.fleet"]),
         ({"controlplane.router.gate": {"routing.flow", "simulator.scenario"}}, []),
+        ({"promql.engine": {"simulator.metrics"}}, ["promql.engine imports simulator.metrics"]),
+        ({"controlplane.sources.scrape": {"promql.engine"}}, []),
     ],
 )
 def test_layer_rule_examples(graph, expected):

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from controlplane.sources.promql import Unsupported, parse
-from simulator.promql import PromQLError, compile_query
-from simulator.promql.bounds import MAX_NESTING, MAX_OPERATORS, query_problem
+from promql import PromQLError, compile_query
+from promql.bounds import MAX_NESTING, MAX_OPERATORS, query_problem
 from tests.conftest import ROOT
 
 HOSTILE = {

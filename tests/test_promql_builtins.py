@@ -1,4 +1,4 @@
-"""Pieces of simulator.promql.builtins that the Prometheus comparison cannot reach: Go's template
+"""Pieces of promql.builtins that the Prometheus comparison cannot reach: Go's template
 expansion corner cases, the RE2 guard, and timestamp() over the simulator's scraped targets."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from simulator.promql import Evaluator, PromQLError, compile_query
-from simulator.promql.builtins import expand, go_regex, select_k
-from simulator.promql.targets import Column, TargetStorage
+from promql import Evaluator, PromQLError, compile_query
+from promql.builtins import expand, go_regex, select_k
+from promql.targets import Column, TargetStorage
 
 
 @pytest.mark.parametrize("template, expected", [

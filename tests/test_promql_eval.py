@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from simulator.promql import MemoryStorage, PromQLError, compile_query, instant_query, labels_of, range_query
-from simulator.promql.api import format_value
-from simulator.promql.engine import Evaluator
-from simulator.promql.functions import bucket_quantile, extrapolated_rate
-from simulator.promql.openmetrics import read_openmetrics, write_openmetrics
-from simulator.promql.targets import Column, TargetStorage
+from promql import MemoryStorage, PromQLError, compile_query, instant_query, labels_of, range_query
+from promql.api import format_value
+from promql.engine import Evaluator
+from promql.functions import bucket_quantile, extrapolated_rate
+from promql.openmetrics import read_openmetrics, write_openmetrics
+from promql.targets import Column, TargetStorage
 
 NAN, INF = math.nan, math.inf
 

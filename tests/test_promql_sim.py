@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import simulator.autoscaling as autoscaling
+from promql import Evaluator, compile_query
 from simulator.metrics import keep_all_samples
-from simulator.promql import Evaluator, compile_query
 from simulator.run import simulate
 from simulator.scenario import load_scenario
 

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from simulator.promql import instant_query
-from simulator.promql.omcache import CachedStorage, cache_path, load_cached
-from simulator.promql.openmetrics import read_openmetrics
+from promql import instant_query
+from promql.omcache import CachedStorage, cache_path, load_cached
+from promql.openmetrics import read_openmetrics
 from slopilot.cli import main
 
 OM = """# TYPE x gauge
@@ -85,7 +85,7 @@ def test_a_broken_cache_is_ignored(recording, capsys):
 
 
 def test_a_folder_that_refuses_the_cache_still_answers(recording, capsys, monkeypatch):
-    from simulator.promql import omcache
+    from promql import omcache
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

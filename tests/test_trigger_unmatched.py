@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from simulator.promql import compile_query
-from simulator.promql.parse import Selector
-from simulator.promql.tree import walk
+from promql import compile_query
+from promql.parse import Selector
+from promql.tree import walk
 from simulator.run import simulate
 from simulator.trigger_watch import selector_hint
 from slopilot.cli import main

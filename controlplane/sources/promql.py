@@ -4,7 +4,7 @@ Shapes: a selector `name{label="v", label=~"re", ...}`; rate()/increase() of a s
 `[30s]`; sum/avg/min/max/count with `by (...)` or `without (...)`; histogram_quantile(q, ...); and
 + - * / between those and numbers (one-to-one on equal label sets). Anything else raises Unsupported,
 so the caller reports a clear per-trigger error instead of a wrong number. Rate extrapolation and
-bucket interpolation are the full evaluator's (simulator.promql, tested against Prometheus).
+bucket interpolation are the full evaluator's (promql, tested against Prometheus).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from simulator.promql import functions as shared
-from simulator.promql.bounds import query_problem
+from promql import functions as shared
+from promql.bounds import query_problem
 
 Labels = dict[str, str]
 Vector = list[tuple[Labels, float]]
@@ -251,7 +251,7 @@ def metric_names(tree) -> set[str]:
 def extrapolated_rate(ts: list[float], vs: list[float], start: float, end: float,
                       is_rate: bool) -> float | None:
     """Prometheus' extrapolatedRate for a counter over [start, end] (seconds); None with fewer than 2
-    samples. The arithmetic is the shared evaluator's (simulator.promql), in milliseconds."""
+    samples. The arithmetic is the shared evaluator's (promql), in milliseconds."""
     return shared.extrapolated_rate([t * 1000 for t in ts], vs, start * 1000, end * 1000, True, is_rate)
 
 

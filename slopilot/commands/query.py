@@ -47,7 +47,7 @@ def duration_ms(text: str, flag: str) -> int:
     """Seconds (a number) or a PromQL duration, in ms."""
     import promql_parser
 
-    from simulator.promql.parse import ms
+    from promql.parse import ms
 
     try:
         number = float(text)
@@ -88,7 +88,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
 
 def load(path: str):
     """The series of a run folder or an OpenMetrics file, as a store (cached beside the file)."""
-    from simulator.promql.omcache import load_cached
+    from promql.omcache import load_cached
 
     p = Path(path)
     if p.is_dir():
@@ -99,8 +99,8 @@ def load(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.promql import PromQLError, compile_query
-    from simulator.promql.api import instant_query, range_query, success
+    from promql import PromQLError, compile_query
+    from promql.api import instant_query, range_query, success
 
     ranged = [a is not None for a in (args.start, args.end, args.step)]
     if (args.time is None) == (not any(ranged)) or (any(ranged) and not all(ranged)):

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export_series(store, path: Path) -> None:
     """The run's series as OpenMetrics text (written aside, then moved into place)."""
-    from simulator.promql.openmetrics import write_openmetrics
+    from promql.openmetrics import write_openmetrics
 
     part = path.with_name(f".{path.name}.part")
     try:

@@ -18,8 +18,8 @@ import subprocess
 import httpx
 import pytest
 
-from simulator.promql import PromQLError, compile_query, instant_query, range_query
-from simulator.promql.openmetrics import read_openmetrics
+from promql import PromQLError, compile_query, instant_query, range_query
+from promql.openmetrics import read_openmetrics
 
 START, END, STEP = 0, 1_200_000, 15_000
 

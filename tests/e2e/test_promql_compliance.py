@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator.promql import PromQLError, instant_query, range_query
-from simulator.promql.openmetrics import read_openmetrics
+from promql import PromQLError, instant_query, range_query
+from promql.openmetrics import read_openmetrics
 from tests.e2e.test_promql_builtins_prometheus import same
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "promql_compliance"

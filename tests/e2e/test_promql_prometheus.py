@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simulator.promql import instant_query, range_query
-from simulator.promql.openmetrics import read_openmetrics
+from promql import instant_query, range_query
+from promql.openmetrics import read_openmetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL_INTERVAL = 60.0  # the server's global evaluation_interval: the default subquery step, as ours

@@ -6,14 +6,14 @@ rules, `slopilot query`, and tests comparing it with a real Prometheus.
     instant_query(store, text, t_ms) / range_query(store, text, start, end, step)  # API-shaped answers
 
 Torch-free and pure: the simulator and the control plane both use it. A store is anything with
-instant() and window() (simulator.promql.storage).
+instant() and window() (promql.storage).
 """
 
-from simulator.promql.api import format_value, instant_query, range_query
-from simulator.promql.engine import DEFAULT_STEP, LOOKBACK, Evaluator
-from simulator.promql.parse import PromQLError, compile_query
-from simulator.promql.storage import Labels, MemoryStorage, Storages, labels_of
-from simulator.promql.tree import lookbehind
+from promql.api import format_value, instant_query, range_query
+from promql.engine import DEFAULT_STEP, LOOKBACK, Evaluator
+from promql.parse import PromQLError, compile_query
+from promql.storage import Labels, MemoryStorage, Storages, labels_of
+from promql.tree import lookbehind
 
 __all__ = ["DEFAULT_STEP", "LOOKBACK", "Evaluator", "Labels", "MemoryStorage", "PromQLError", "Storages",
            "compile_query", "format_value", "instant_query", "labels_of", "lookbehind", "range_query"]

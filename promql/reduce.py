@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from simulator.promql import functions as fn
-from simulator.promql.parse import PromQLError
+from promql import functions as fn
+from promql.parse import PromQLError
 
 
 def reduce(op: str, vs: list[float], param: float | None) -> float:

@@ -1,4 +1,4 @@
-"""The evaluator's side of simulator.promql.builtins: evaluates their arguments and shapes results.
+"""The evaluator's side of promql.builtins: evaluates their arguments and shapes results.
 
     call(ev, node, t)       label_replace, absent, timestamp, the date functions, deriv, sort, ...
     aggregate(ev, node, t)  topk, bottomk, count_values
@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from simulator.promql import builtins as b
-from simulator.promql.parse import Call, PromQLError, Selector, String
-from simulator.promql.storage import Labels, drop_name
+from promql import builtins as b
+from promql.parse import Call, PromQLError, Selector, String
+from promql.storage import Labels, drop_name
 
 
 def _unique(vec):

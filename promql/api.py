@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from simulator.promql.engine import LOOKBACK, Evaluator
-from simulator.promql.parse import Aggregate, Call, PromQLError, compile_query
-from simulator.promql.storage import Labels
+from promql.engine import LOOKBACK, Evaluator
+from promql.parse import Aggregate, Call, PromQLError, compile_query
+from promql.storage import Labels
 
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import promql_parser
 
-from simulator.promql.engine import Evaluator
-from simulator.promql.parse import PromQLError, compile_query, ms
-from simulator.promql.storage import Labels, MemoryStorage
+from promql.engine import Evaluator
+from promql.parse import PromQLError, compile_query, ms
+from promql.storage import Labels, MemoryStorage
 
 METRIC_NAME = "[a-zA-Z_:][a-zA-Z0-9_:]*"
 

@@ -162,7 +162,7 @@ class Storages:
 
     def instant_times(self, matchers, t: int, lookback: int) -> list[tuple[Labels, int, float]]:
         if not all(hasattr(p, "instant_times") for p in self.parts):
-            from simulator.promql.parse import PromQLError
+            from promql.parse import PromQLError
 
             raise PromQLError("timestamp() of a selector is not supported over this store")
         return [x for p in self.parts for x in p.instant_times(matchers, t, lookback)]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.promql.openmetrics import read_openmetrics
-from simulator.promql.storage import MemoryStorage, Series, get
+from promql.openmetrics import read_openmetrics
+from promql.storage import MemoryStorage, Series, get
 
 VERSION = 1
 

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import promql_parser as pp
 
-from simulator.promql.bounds import query_problem
-from simulator.promql.functions import AGGREGATIONS, FUNCTIONS
+from promql.bounds import query_problem
+from promql.functions import AGGREGATIONS, FUNCTIONS
 
 
 class PromQLError(ValueError):
@@ -146,7 +146,7 @@ def promql_duration(d: timedelta) -> str:
 
 def compile_query(text: str) -> object:
     """The syntax tree of `text`; PromQLError naming what does not parse or is not supported (or is
-    too large to parse: simulator.promql.bounds)."""
+    too large to parse: promql.bounds)."""
     problem = query_problem(text)
     if problem is not None:
         raise PromQLError(f"query {_short(text)}: {problem}")

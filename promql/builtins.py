@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from simulator.promql import functions as fn
-from simulator.promql.functions import DATE, SERIES  # noqa: F401  (the table lives there)
-from simulator.promql.parse import PromQLError
-from simulator.promql.storage import Labels, get
+from promql import functions as fn
+from promql.functions import DATE, SERIES  # noqa: F401  (the table lives there)
+from promql.parse import PromQLError
+from promql.storage import Labels, get
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # RE2 has none of these; Python would accept them with a meaning Prometheus never gives

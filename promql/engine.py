@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from operator import itemgetter
 
-from simulator.promql import calls
-from simulator.promql import functions as fn
-from simulator.promql.parse import (
+from promql import calls
+from promql import functions as fn
+from promql.parse import (
     MAX_SUBQUERY_STEPS,
     Aggregate,
     Binary,
@@ -29,8 +29,8 @@ from simulator.promql.parse import (
     Selector,
     Subquery,
 )
-from simulator.promql.reduce import reduce as _reduce
-from simulator.promql.storage import Labels, Matrix, Vector, drop_name, format_labels, get
+from promql.reduce import reduce as _reduce
+from promql.storage import Labels, Matrix, Vector, drop_name, format_labels, get
 
 LOOKBACK = 300_000  # ms: Prometheus' default query.lookback-delta
 DEFAULT_STEP = 60_000  # ms: a subquery without a step uses the global evaluation_interval (1m default)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulator.promql.parse import (
+from promql.parse import (
     Aggregate,
     Binary,
     Call,

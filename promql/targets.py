@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.promql.storage import Labels, Matrix, Vector, get, matches, name_of
+from promql.storage import Labels, Matrix, Vector, get, matches, name_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "vector": (("scalar",), "vector"),
     "time": ((), "scalar"),
 }
-# functions on labels, times and whole series (simulator.promql.builtins); "*": any number more
+# functions on labels, times and whole series (promql.builtins); "*": any number more
 DATE = ("day_of_month", "day_of_week", "day_of_year", "days_in_month", "hour", "minute", "month", "year")
 SERIES = ("changes", "resets", "deriv", "predict_linear")  # holt_winters: the parser lacks it
 BUILTINS: dict[str, tuple[tuple[str, ...], str]] = {

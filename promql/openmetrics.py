@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import IO, Iterable
 
-from simulator.promql.storage import Labels, MemoryStorage, labels_of
+from promql.storage import Labels, MemoryStorage, labels_of
 
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
             "summary": ("_count", "_sum")}
