@@ -391,3 +391,71 @@ def test_serve_emulate_takes_a_derived_model_and_its_kv_cache():
     assert emulated_kv(EngineArgs(num_kv_blocks=64), lm).num_kv_blocks == 64  # the flag wins
     fitted = load_latency_model("h100-llama2-70b-tp4")
     assert emulated_kv(EngineArgs(), fitted).num_kv_blocks is None  # a fitted model: as before
+
+
+# --- MoE: compute on the active experts, weight reads on the distinct experts a batch touches ---------
+
+
+def test_moe_expected_distinct_experts_matches_sampling():
+    """E (1 - (1 - k/E)^B) is the expected number of distinct experts B top-k tokens touch: checked
+    against routing sampled uniformly (k distinct experts a token) with numpy."""
+    import numpy as np
+
+    from simulator.latency.model import experts_touched
+
+    rng = np.random.default_rng(0)
+    for experts, k in ((8, 2), (256, 8), (128, 8)):
+        for batch in (1, 4, 32, 256):
+            hits = [
+                len({e for _ in range(batch) for e in rng.choice(experts, k, replace=False)})
+                for _ in range(400)
+            ]
+            assert experts * experts_touched(batch, experts, k) == pytest.approx(np.mean(hits), rel=0.03)
+    assert experts_touched(1, 8, 2) == pytest.approx(2 / 8)
+
+
+@pytest.mark.parametrize("name,tp", [("mixtral-8x7b", 2), ("deepseek-v3", 8), ("qwen3-235b-a22b", 4)])
+def test_moe_reads_only_the_experts_a_batch_touches(name, tp):
+    from simulator.latency.model import experts_touched
+
+    arch = get_arch(name)
+    m = derive(name, "h200", tp, "fp8")
+    q = m.params
+    assert (q["moe_experts"], q["moe_topk"]) == (arch.experts, arch.active_experts)
+    # moe_floor is every routed expert's bytes; the dense floor is the rest (attention, shared experts)
+    routed_gb = arch.routed_expert_params(tp) / 1e9  # fp8: one byte a parameter
+    bw = 4800 * m.provenance["derived"]["efficiencies"]["e_mem"]  # H200: 4.8 TB/s
+    assert q["moe_floor_ms"] == pytest.approx(1e3 * routed_gb / bw, rel=0.01)
+    # a one-token decode step reads k of E experts, far less than the all-expert read priced before
+    plain = dict(q, gemm_floor_ms=q["gemm_floor_ms"] + q["moe_floor_ms"])
+    plain.pop("moe_experts")
+    one, big = m.step_ms(0, 0, 1, 1024), m.step_ms(0, 0, 4096, 4096 * 1024)
+    assert one < m.__class__(m.device, m.model, m.dtype, m.tp, plain).step_ms(0, 0, 1, 1024)
+    # the step's weight-read floor grows with the batch as the expected distinct experts do
+    floors = [
+        q["gemm_floor_ms"] + q["moe_floor_ms"] * experts_touched(b, arch.experts, arch.active_experts)
+        for b in (1, 8, 64, 512)
+    ]
+    assert floors == sorted(floors) and floors[-1] <= q["gemm_floor_ms"] + q["moe_floor_ms"] + 1e-9
+    assert m.step_ms(0, 0, 1, 1024) < m.step_ms(0, 0, 64, 64 * 1024) < big
+    # the vectorised and the scalar step functions agree on MoE models
+    import numpy as np
+
+    for t, d in ((0, 1), (0, 37), (512, 0), (256, 16)):
+        scalar = m.step_ms(t, t, d, d * 500)
+        assert float(
+            m.step_ms_array(np.array([t]), np.array([t]), np.array([d]), np.array([d * 500]))[0]
+        ) == (pytest.approx(scalar, rel=1e-9))
+
+
+def test_moe_round_trips_and_rejects_bad_routing(tmp_path):
+    from simulator.latency.model import LatencyModel
+
+    m = derive("mixtral-8x7b", "h100-sxm", 2, "bf16")
+    path = tmp_path / "m.json"
+    m.save(path)
+    back = LatencyModel.load(path)
+    assert back.step_ms(0, 0, 3, 3000) == pytest.approx(m.step_ms(0, 0, 3, 3000))
+    bad = dict(m.params, moe_topk=9.0)
+    with pytest.raises(ValueError, match="moe_topk"):
+        LatencyModel(m.device, m.model, m.dtype, m.tp, bad)

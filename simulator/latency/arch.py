@@ -114,6 +114,10 @@ class Arch:
             dense * self.dense_layers + per_moe_active * self.moe_layers,
         )
 
+    def routed_expert_params(self, tp: int) -> float:
+        """Parameters of every routed expert of every MoE layer on one GPU (0 for a dense model)."""
+        return 3 * self.hidden * self.expert_ffn / tp * self.experts * self.moe_layers
+
     def linear_params(self, tp: int) -> tuple[float, float]:
         """(stored, active per token) transformer-layer linear parameters on one GPU (no embeddings)."""
         stored, active = self.mlp_params(tp)

@@ -3,7 +3,9 @@
 Each step is the sum of a matmul, an attention and a communication term, each its compute or memory
 time (whichever is larger) over an efficiency (the achieved fraction of peak), plus overheads:
 
-    matmul     roof(weights bytes / (HBM * e_mem), 2 * active params * tokens / (peak[dtype] * e_mm))
+    matmul     roof(weights bytes / (HBM * e_mem), 2 * active params * tokens / (peak[dtype] * e_mm));
+               MoE: compute on the top-k experts a token uses, bytes of the E (1 - (1 - k/E)^n)
+               distinct experts n tokens are expected to touch
     attention  prefill: 4 * layers * heads * head_dim * sum t (ctx - t/2) / (peak[bf16] * e_attn)
                decode:  max(KV bytes read / (HBM * e_kv), its FLOPs / (peak[bf16] * e_attn))
     comm       2 all-reduces a layer (TP > 1): ring bytes / (link * e_comm), plus a latency each of
@@ -150,7 +152,10 @@ def step_params(arch: Arch, gpu: Gpu, tp: int, dtype: str, kv_dtype: str, eff: d
     stored, active = arch.linear_params(tp)
     head = arch.head_params(tp)
     peak_w, peak_16 = gpu.peak_flops(dtype), gpu.peak_flops("bf16")
-    floor_bytes = stored * BYTES[dtype] + head * BYTES["bf16"]  # MoE: every expert read (an upper bound)
+    # MoE: the routed experts are read only as far as the step's tokens touch them (model.py's
+    # moe_floor_ms term); the rest of the weights, shared experts and router included, every step
+    routed = arch.routed_expert_params(tp) * BYTES[dtype]
+    floor_bytes = stored * BYTES[dtype] - routed + head * BYTES["bf16"]
     e_mm = min(eff["e_mm"] * (peak_16 / REF_PEAK) ** -eff["gen_mm"], 1.0)
     mm = lambda flops, peak: 1e3 * flops / (peak * e_mm)  # noqa: E731  (ms)
     token = mm(2 * active, peak_w)
@@ -178,6 +183,15 @@ def step_params(arch: Arch, gpu: Gpu, tp: int, dtype: str, kv_dtype: str, eff: d
         "decode_knots": [],
         "decode_hinge_ms": [],
         "decode_kv_ramp_ms": [],
+        **(
+            {
+                "moe_floor_ms": 1e3 * routed / (bw * eff["e_mem"]),
+                "moe_experts": float(arch.experts),
+                "moe_topk": float(arch.active_experts),
+            }
+            if routed
+            else {}
+        ),
     }
 
 

@@ -14,15 +14,18 @@ monotone in every input and extrapolates linearly in tokens, sequences and conte
                                                           KV bytes read by the decodes
 
 roof(F, x) = (F^p + x^p)^(1/p) is a smooth roofline for the linear layers: a step streams the
-weights once (the floor F) until the tokens' compute x dominates. The hinge terms (knots fixed
-inside the profiled range, slopes >= 0) let the marginal cost of a token or a sequence grow as
-the batch outgrows the GPU's sweet spot, as measured; past the last knot every term is linear,
-so extrapolation continues the slope seen at the edge of the data. The cost of a KV token may
-step up with the batch (ramp_j rises from 0 to 1 between decode_knot_j and twice it), as when a
-serving engine switches attention kernels for large batches. The decode
-context enters only through the last, linear term, so for a fixed batch the step time is affine
-in it: step_ms == a + b * decode_context with (a, b) = decode_coeffs(...), which lets the
-simulator advance identical decode steps in closed form.
+weights once (the floor F) until the tokens' compute x dominates. A mixture-of-experts model
+(optional moe_floor_ms, moe_experts E, moe_topk k) streams only the experts its n tokens touch: F =
+gemm_floor + moe_floor * (1 - (1 - k/E)^n), moe_floor being the read time of every routed expert and
+E (1 - (1 - k/E)^n) the expected number of distinct experts n tokens routed top-k over E pick. The
+hinge terms (knots fixed inside the profiled range, slopes >= 0) let the marginal cost of a token or
+a sequence grow as the batch outgrows the GPU's sweet spot, as measured; past the last knot every
+term is linear, so extrapolation continues the slope seen at the edge of the data. The cost of a KV
+token may step up with the batch (ramp_j rises from 0 to 1 between decode_knot_j and twice it), as
+when a serving engine switches attention kernels for large batches. The decode context enters only
+through the last, linear term, so for a fixed batch the step time is affine in it: step_ms == a + b
+* decode_context with (a, b) = decode_coeffs(...), which lets the simulator advance identical decode
+steps in closed form.
 """
 
 from __future__ import annotations
@@ -51,6 +54,21 @@ COEFFS = (
 )
 PARAMS = COEFFS + ("roof_p",)
 HINGES = (("prefill_knots", "prefill_hinge_ms"), ("decode_knots", "decode_hinge_ms"))
+MOE = ("moe_floor_ms", "moe_experts", "moe_topk")  # optional: routed experts' weights read per step
+
+
+def experts_touched(tokens, experts: float, topk: float) -> np.ndarray:
+    """Expected fraction of E experts that n tokens, each routed to k distinct ones uniformly, touch:
+    1 - (1 - k/E)^n (an expert is missed by one token with probability 1 - k/E)."""
+    n = np.asarray(tokens, dtype=float)
+    return 1.0 - (1.0 - topk / experts) ** n
+
+
+def gemm_floor(q: dict, tokens):
+    """The weights' read time of a step of `tokens` tokens (MoE: only the experts they touch)."""
+    if not q.get("moe_experts"):
+        return q["gemm_floor_ms"]
+    return q["gemm_floor_ms"] + q["moe_floor_ms"] * experts_touched(tokens, q["moe_experts"], q["moe_topk"])
 
 
 def hinge(x: np.ndarray, knots: list[float], slopes: list[float]) -> np.ndarray:
@@ -97,7 +115,8 @@ def coeffs_array(q: dict, prefill_tokens, prefill_context, decode_seqs, prefill_
          + q["prefill_fixed_ms"] * (p_tok > 0)
          + q["prefill_seq_ms"] * p_seq
          + q["decode_seq_ms"] * d_seq
-         + roof(q["gemm_floor_ms"], q["prefill_token_ms"] * p_tok + q["decode_token_ms"] * d_seq, q["roof_p"])
+         + roof(gemm_floor(q, p_tok + d_seq), q["prefill_token_ms"] * p_tok + q["decode_token_ms"] * d_seq,
+                q["roof_p"])
          + hinge(p_tok, q["prefill_knots"], q["prefill_hinge_ms"])
          + hinge(d_seq, q["decode_knots"], q["decode_hinge_ms"])
          + q["prefill_attn_ms"] * prefill_attention_work(p_tok, prefill_context, p_seq))
@@ -128,6 +147,13 @@ class LatencyModel:
             self.params[knots] = [float(v) for v in params.get(knots, [])]
             self.params[slopes] = [float(v) for v in params.get(slopes, [])]
         self.params["decode_kv_ramp_ms"] = [float(v) for v in params.get("decode_kv_ramp_ms", [])]
+        if params.get("moe_experts"):
+            moe = {k: float(params.get(k, -1)) for k in MOE}
+            if not (moe["moe_floor_ms"] >= 0 and moe["moe_experts"] >= 1
+                    and 0 < moe["moe_topk"] <= moe["moe_experts"]):
+                raise ValueError(f"latency model {device}/{model}: MoE parameters need moe_floor_ms >= 0, "
+                                 f"moe_experts >= 1 and 0 < moe_topk <= moe_experts (got {moe})")
+            self.params.update(moe)
         self.provenance = dict(provenance or {})
         self.fit_range = dict(fit_range or {})
         # the measured server's scheduling settings (max_num_seqs, max_num_batched_tokens, block_size,
@@ -155,7 +181,10 @@ class LatencyModel:
             ctx = max(float(prefill_context), t)
             a += q["prefill_fixed_ms"] + q["prefill_seq_ms"] * seqs
             a += q["prefill_attn_ms"] * t * (ctx - t / 2) / seqs
-        floor, x, p = q["gemm_floor_ms"], q["prefill_token_ms"] * t + q["decode_token_ms"] * d, q["roof_p"]
+        floor = q["gemm_floor_ms"]
+        if q.get("moe_experts"):
+            floor += q["moe_floor_ms"] * (1.0 - (1.0 - q["moe_topk"] / q["moe_experts"]) ** (t + d))
+        x, p = q["prefill_token_ms"] * t + q["decode_token_ms"] * d, q["roof_p"]
         m = max(floor, x)
         if m > 0:
             a += m * ((floor / m) ** p + (x / m) ** p) ** (1.0 / p)
