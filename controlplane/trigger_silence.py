@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from simulator.promql.parse import Selector, compile_query
-from simulator.promql.tree import walk
+from promql.parse import Selector, compile_query
+from promql.tree import walk
 from simulator.trigger_watch import selector_hint
 
 log = logging.getLogger("slopilot.control")
