@@ -5,7 +5,10 @@ knobs for the broken behaviours a real fleet shows.
     eng = FakeEngine().start()
     eng.waiting = "+Inf"          # what its /metrics says for vllm:num_requests_waiting
     eng.mode = "hang"             # ok | hang (accept, never answer) | hang_all (/health, /metrics too)
-                                  # | 429 | big (a huge JSON answer)
+                                  # | 429 | 500 | big (a huge JSON answer)
+    eng.producer = True           # answer a do_remote_decode request with kv_transfer_params (P/D)
+    eng.kv = "0.5"                # its vllm:kv_cache_usage_perc
+    eng.kv_seen                   # the kv_transfer_params of each completion request, in order
     eng.active, eng.aborted       # requests being handled now; requests whose client left first
     eng.stop()
 """
@@ -23,6 +26,9 @@ class FakeEngine:
         self.waiting = "0"
         self.running = "0"
         self.mode = "ok"
+        self.producer = False
+        self.kv = "0.1"
+        self.kv_seen: list[dict | None] = []
         self.chunks, self.chunk_delay, self.first_delay = chunks, chunk_delay, first_delay
         self.big_bytes = 64 * 2**20
         self.active = 0
@@ -63,7 +69,7 @@ class FakeEngine:
     def metrics_page(self) -> bytes:
         return (f'vllm:num_requests_waiting{{model_name="m"}} {self.waiting}\n'
                 f'vllm:num_requests_running{{model_name="m"}} {self.running}\n'
-                f'vllm:kv_cache_usage_perc{{model_name="m"}} 0.1\n').encode()
+                f'vllm:kv_cache_usage_perc{{model_name="m"}} {self.kv}\n').encode()
 
     async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -116,8 +122,10 @@ class FakeEngine:
             await self._gone(reader, None)
             self.aborted += 1
             return False
-        if self.mode == "429":
-            self._send(writer, 429, json.dumps({"error": {"message": "busy", "code": 429}}).encode())
+        self.kv_seen.append(req.get("kv_transfer_params"))
+        if self.mode in ("429", "500"):
+            status = int(self.mode)
+            self._send(writer, status, json.dumps({"error": {"message": "busy", "code": status}}).encode())
             return True
         if self.first_delay and await self._gone(reader, self.first_delay):
             self.aborted += 1
@@ -156,7 +164,9 @@ class FakeEngine:
         if await self._gone(reader, max(0.0, t_end - time.monotonic())):
             self.aborted += 1
             return False
-        self._send(writer, 200, json.dumps({"object": "text_completion", "choices": [{"text": "hi"}],
-                                            "port": self.port}).encode())
+        answer = {"object": "text_completion", "choices": [{"text": "hi"}], "port": self.port}
+        if self.producer and (req.get("kv_transfer_params") or {}).get("do_remote_decode"):
+            answer["kv_transfer_params"] = {"do_remote_prefill": True, "remote_port": self.port}
+        self._send(writer, 200, json.dumps(answer).encode())
         self.served += 1
         return True

@@ -26,6 +26,15 @@ def router(decode_urls: list[str], prefill_urls: list[str]) -> RouterServer:
                                          pd=PDSettings(prefill_urls, THRESHOLD))).start()
 
 
+def r_dead(r: RouterServer) -> str:
+    """The prefill endpoint the router has ejected (its health gauge at 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = httpx.get(r.url + "/metrics").text
+    return next(s.labels["endpoint"] for f in text_string_to_metric_families(page) for s in f.samples
+                if s.name == "slopilot_router_endpoint_healthy" and s.value == 0)
+
+
 def body(ids, **extra) -> dict:
     return {"model": "m", "prompt": ids, "max_tokens": 5, "temperature": 0, "ignore_eos": True, **extra}
 
@@ -67,7 +76,8 @@ def test_no_prefill_endpoint_is_a_clean_503(model_dir):  # noqa: F811
         try:
             err = assert_error(httpx.post(r.url + CMPL, json=body(list(range(3, 203))), timeout=30), 503)
             assert "no prefill endpoint" in err["message"]
-            assert metric(r.url, "slopilot_router_prefill_hop_failures_total", reason="refused") == 1
+            # the dead endpoint was ejected by the router's scrape of it before the request came
+            assert metric(r.url, "slopilot_router_endpoint_healthy", endpoint=r_dead(r)) == 0
             # the decode slot taken for it was given back: a short request still goes through
             assert httpx.post(r.url + CMPL, json=body([5, 6, 7]), timeout=30).status_code == 200
             assert metric(d.url, "vllm:kv_cache_usage_perc") == 0.0
@@ -78,11 +88,11 @@ def test_no_prefill_endpoint_is_a_clean_503(model_dir):  # noqa: F811
 def test_a_dead_prefill_endpoint_is_skipped_and_a_consumer_gone_mid_decode_frees(model_dir):  # noqa: F811
     ids = [3 + (7 * i) % 380 for i in range(300)]
     with server(model_dir, "kv_producer") as p, server(model_dir, "kv_consumer") as d:
-        r = router([d.url], [f"http://127.0.0.1:{free_port()}", p.url])  # the dead one is tried first
+        r = router([d.url], [f"http://127.0.0.1:{free_port()}", p.url])  # the dead one: ejected at a scrape
         try:
             got = httpx.post(r.url + CMPL, json=body(ids), timeout=60)
             assert got.status_code == 200, got.text
-            assert metric(r.url, "slopilot_router_prefill_hop_failures_total", reason="refused") == 1
+            assert metric(r.url, "slopilot_router_endpoint_healthy", endpoint=r_dead(r)) == 0
             # a client that leaves mid-decode: the decode engine aborts and frees; the producer's lease
             # ended at the consumer's read, before the decode began
             with httpx.stream("POST", r.url + CMPL, json=body(ids[::-1], max_tokens=500, stream=True),

@@ -56,7 +56,7 @@ class RouterState:
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
         self.batch = BatchService(self, state_dir, batch_inflight)  # /v1/files, /v1/batches
-        self.pd = PrefillHop(pd, self.metrics.registry) if pd is not None else None  # the P/D profile
+        self.pd = PrefillHop(pd, cfg, self.metrics) if pd is not None else None  # the P/D profile
 
 
 class RouterApp:
@@ -67,6 +67,7 @@ class RouterApp:
         self.state = SimpleNamespace(router=st)
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._prefill_task: asyncio.Task | None = None
 
     # -- lifespan --------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -78,12 +79,20 @@ class RouterApp:
         except Exception:  # the loop retries; a broken engine must not stop the router starting
             log.exception("the first endpoint refresh failed")
         self._task = asyncio.create_task(st.pool.supervise(st.upstream, self._stop))
+        if st.pd is not None:  # the prefill endpoints: a pool of their own, refreshed and checked alike
+            try:
+                await st.pd.pool.refresh(st.upstream)
+            except Exception:
+                log.exception("the first prefill endpoint refresh failed")
+            self._prefill_task = asyncio.create_task(st.pd.pool.supervise(st.upstream, self._stop))
         st.batch.start()
 
     async def shutdown(self) -> None:
         self._stop.set()
         await self.st.batch.stop()
         await self._task
+        if self._prefill_task is not None:
+            await self._prefill_task
         self.st.upstream.close()
 
     # -- requests --------------------------------------------------------------------------------
@@ -104,6 +113,8 @@ class RouterApp:
                 st = self.st
                 st.pool.publish()
                 st.gate.publish()
+                if st.pd is not None:
+                    st.pd.pool.publish()
                 return conn.respond(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())],
                                     generate_latest(st.metrics.registry), head_only=method == "HEAD")
             return json_error(conn, 404, f"no route {path}", "NotFoundError")
@@ -154,7 +165,7 @@ class RouterApp:
     async def prefill(self, p: Pending, path: str, data: dict, headers: bytes) -> bytes:
         """The P/D profile's first hop; the decode hop's body. On failure the decode slot is freed."""
         try:
-            return await self.st.pd.run(self.st.upstream, path, data, headers)
+            return await self.st.pd.run(self.st.upstream, path, data, headers, p)
         except BaseException:
             self.st.gate.release(p)
             raise
@@ -191,7 +202,8 @@ class RouterApp:
         problem = st.pool.loop_problem()  # held requests are dispatched from that loop
         json_response(conn, 503 if problem else 200,
                       {"status": problem or "ok", "ready_endpoints": len(st.pool.routable()),
-                       "queued": len(st.gate.queue), "refresh_restarts": st.pool.loop_restarts},
+                       "queued": len(st.gate.queue), "refresh_restarts": st.pool.loop_restarts,
+                       **({"ready_prefill_endpoints": len(st.pd.pool.routable())} if st.pd else {})},
                       req.method == "HEAD")
 
 

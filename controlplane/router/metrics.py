@@ -88,7 +88,7 @@ class RouterMetrics:
     def answered(self, endpoint: str, code: str) -> None:
         self.child(self.answers, endpoint, code).inc()
 
-    def forget(self, endpoint: str) -> None:
+    def forget(self, endpoint: str, pool: str | None = None) -> None:
         self._children = {k: v for k, v in self._children.items() if endpoint not in k[1:]}
         for g in (self.inflight, self.inflight_tokens, self.healthy, self.bad_samples):
             try:
@@ -96,6 +96,6 @@ class RouterMetrics:
             except KeyError:
                 pass
         try:
-            self.endpoint_queue.remove(self.pool, endpoint)
+            self.endpoint_queue.remove(pool or self.pool, endpoint)
         except KeyError:
             pass

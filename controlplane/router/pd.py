@@ -7,57 +7,74 @@ when a prefix scorer is on; otherwise the whole prompt counts as uncached).
 
 The prefill hop sends the request to a prefill endpoint with `max_tokens: 1`, no streaming and
 `kv_transfer_params: {"do_remote_decode": true}`; its answer's `kv_transfer_params` go into the
-original body for the decode hop (the regular forward: streaming, retries, metrics). A prefill
-endpoint that fails before answering (refused, 5xx, timeout) is skipped for a moment and the next one
-is tried; a 4xx is the client's and is passed back; with none left the client gets a 503.
+original body for the decode hop (the regular forward: streaming, retries, metrics).
+
+The prefill endpoints are a pool of their own with the decode pool's machinery (controlplane.router.pool:
+discovery every refresh, so a scaled prefill fleet is followed; /metrics scrapes; ejection on failures
+and /health checks to readmit) and a picker of their own with the router config's policy and scorers
+(queue, KV, prefix: a prompt whose prefix one prefill engine has cached goes back there). A prefill
+endpoint that fails before answering (refused, 5xx, timeout) is counted against its health (a refusal
+ejects it at once) and the next one is tried; a 4xx is the client's and is passed back; with none
+left the client gets a 503.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 
+from controlplane.router.config import RouterConfig
+from controlplane.router.endpoints import Endpoint
 from controlplane.router.gate import Gate, Pending, Refused
-from controlplane.router.pool import base_url
+from controlplane.router.metrics import RouterMetrics
+from controlplane.router.pool import Pool
 from controlplane.router.upstream import Upstream, UpstreamError
+from simulator.router import Router
 
-DOWN_SECONDS = 2.0  # a prefill endpoint that failed gets nothing new for this long
 MAX_ANSWER = 1 << 20  # a 1-token answer is small
 
 
 @dataclass
 class PDSettings:
-    prefill: list[str]  # the prefill endpoints' base URLs (the router's own endpoints decode)
+    # the prefill endpoints' base URLs, or a callable returning them now (a scaled fleet's); the
+    # router's own endpoints decode
+    prefill: list[str] | Callable[[], list[str]]
     threshold: int = 0  # disaggregate when the prompt's uncached tokens exceed this
     timeout: float = 600.0  # the prefill hop's whole answer
 
     def __post_init__(self) -> None:
-        if not self.prefill:
+        if not callable(self.prefill) and not self.prefill:
             raise ValueError("the P/D profile needs at least one prefill endpoint (--prefill-endpoint)")
         if self.threshold < 0:
             raise ValueError(f"--pd-threshold must be >= 0, got {self.threshold}")
 
+    def discover(self) -> Callable[[], list[str]]:
+        if callable(self.prefill):
+            return self.prefill
+        fixed = list(self.prefill)
+        return lambda: fixed
 
-@dataclass
+
 class PrefillHop:
-    settings: PDSettings
-    registry: CollectorRegistry
-    outstanding: dict[str, int] = field(default_factory=dict)
-    down_until: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.urls = [base_url(u) for u in self.settings.prefill]
-        self.outstanding = {u: 0 for u in self.urls}
+    def __init__(self, settings: PDSettings, cfg: RouterConfig, metrics: RouterMetrics):
+        self.settings, self.metrics = settings, metrics
+        registry = metrics.registry
+        self.pool = Pool(cfg, settings.discover(), metrics, name=f"{metrics.pool}-prefill")
+        # the decode picker's policy and scorers, with an index of its own (endpoint ids are per pool)
+        self.router = Router(cfg.policy, cfg.weights, cfg.seed, cfg.lru_blocks, cfg.prefix_block(),
+                             kv_threshold=cfg.kv_threshold, queue_threshold=cfg.queue_threshold,
+                             ties="random")
         self.decisions = Counter("slopilot_router_pd_decisions", "P/D profile decisions (disaggregated: a "
                                  "prefill hop first; aggregated: the decode endpoint does it all)",
-                                 ["decision"], registry=self.registry)
+                                 ["decision"], registry=registry)
         self.hop_seconds = Histogram("slopilot_router_prefill_hop_seconds", "The prefill hop, sent to "
-                                     "answered", ["endpoint"], registry=self.registry)
+                                     "answered", ["endpoint"], registry=registry)
         self.failures = Counter("slopilot_router_prefill_hop_failures", "Prefill hops that failed before "
-                                "answering", ["endpoint", "reason"], registry=self.registry)
+                                "answering", ["endpoint", "reason"], registry=registry)
 
     def uncached_tokens(self, gate: Gate, p: Pending) -> int:
         index = gate.router.index
@@ -72,48 +89,68 @@ class PrefillHop:
         self.decisions.labels("disaggregated" if split else "aggregated").inc()
         return split
 
-    def _candidates(self) -> list[str]:
+    def pick(self, p: Pending, tried: set[str]) -> Endpoint | None:
+        """A healthy prefill endpoint not yet tried for this request, by the scorers (None: none)."""
         now = time.monotonic()
-        up = [u for u in self.urls if self.down_until.get(u, 0.0) <= now]
-        return sorted(up, key=lambda u: self.outstanding[u])
+        room = [e for e in self.pool.routable()
+                if e.url not in tried and e.busy_until <= now and e.serves(p.model)]
+        if not room:
+            return None
+        return room[self.router.pick(room, hashes=p.hashes, session=p.session)]
 
-    async def run(self, client: Upstream, path: str, data: dict, headers: bytes) -> bytes:
+    async def run(self, client: Upstream, path: str, data: dict, headers: bytes, p: Pending) -> bytes:
         """The decode hop's body: the original request with the prefill's kv_transfer_params."""
         hop = {**data, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
         hop.pop("stream_options", None)
         if "max_completion_tokens" in hop:
             hop["max_completion_tokens"] = 1
-        body, last = json.dumps(hop).encode(), "no prefill endpoint is ready"
-        for url in self._candidates():
-            self.outstanding[url] += 1
+        body, last, tried = json.dumps(hop).encode(), "no prefill endpoint is ready", set()
+        while (ep := self.pick(p, tried)) is not None:
+            tried.add(ep.url)
+            ep.outstanding += 1
+            ep.in_flight_tokens += p.tokens
+            ep.served += 1
             t0 = time.monotonic()
             try:
-                resp = await client.request(url, b"POST", path, headers, body, timeout=self.settings.timeout)
+                resp = await client.request(ep.url, b"POST", path, headers, body,
+                                            timeout=self.settings.timeout)
                 try:
                     answer = await resp.read_all(MAX_ANSWER)
                 finally:
                     resp.close()
             except UpstreamError as exc:
-                last = self._failed(url, "refused" if exc.refused else "lost", f"{url}: {exc}")
+                last = self._failed(ep, "refused" if exc.refused else "lost", f"{ep.url}: {exc}", exc.refused)
                 continue
             finally:
-                self.outstanding[url] -= 1
+                self._release(ep, p)
             if resp.status == 200:
                 kv = _kv_params(answer)
                 if kv is None:
-                    last = self._failed(url, "no_params", f"{url}: answered without kv_transfer_params "
-                                                          "(is it started with a kv_producer role?)")
+                    last = self._failed(ep, "no_params", f"{ep.url}: answered without kv_transfer_params "
+                                                         "(is it started with a kv_producer role?)")
                     continue
-                self.hop_seconds.labels(url).observe(time.monotonic() - t0)
+                self.pool.succeeded(ep)
+                self.hop_seconds.labels(ep.url).observe(time.monotonic() - t0)
                 return json.dumps({**data, "kv_transfer_params": kv}).encode()
-            if 400 <= resp.status < 500 and resp.status != 429:
+            if resp.status == 429:  # full: no new work for a moment, not a health failure
+                ep.busy_until = time.monotonic() + 1.0
+                self.failures.labels(ep.url, "429").inc()
+                last = f"{ep.url}: HTTP 429"
+                continue
+            if 400 <= resp.status < 500:
                 raise Refused(resp.status, _message(answer, resp.status), "BadRequestError")
-            last = self._failed(url, str(resp.status), f"{url}: HTTP {resp.status}")
+            last = self._failed(ep, str(resp.status), f"{ep.url}: HTTP {resp.status}")
         raise Refused(503, f"no prefill endpoint could take the request ({last})", "ServiceUnavailableError")
 
-    def _failed(self, url: str, reason: str, why: str) -> str:
-        self.failures.labels(url, reason).inc()
-        self.down_until[url] = time.monotonic() + DOWN_SECONDS
+    def _release(self, ep: Endpoint, p: Pending) -> None:
+        ep.outstanding -= 1
+        ep.in_flight_tokens -= p.tokens
+        if ep.draining and ep.outstanding == 0:
+            self.pool.sync([u for u, e in self.pool.endpoints.items() if not e.draining])
+
+    def _failed(self, ep: Endpoint, reason: str, why: str, refused: bool = False) -> str:
+        self.failures.labels(ep.url, reason).inc()
+        self.pool.failed(ep, why, refused=refused)
         return why
 
 

@@ -35,8 +35,9 @@ def base_url(url: str) -> str:
 
 class Pool:
     def __init__(self, cfg: RouterConfig, discover: Callable[[], list[str]], metrics: RouterMetrics,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, name: str | None = None):
         self.cfg, self.discover, self.metrics, self.clock = cfg, discover, metrics, clock
+        self.name = name or metrics.pool  # the pool label of its gauges (P/D: a prefill pool beside it)
         self.endpoints: dict[str, Endpoint] = {}
         self._next_id = 0
         self._routable: list[Endpoint] | None = None  # cached; reset whenever health or membership changes
@@ -62,7 +63,7 @@ class Pool:
                 ep.draining = True
                 if ep.outstanding == 0:
                     del self.endpoints[url]
-                    self.metrics.forget(url)
+                    self.metrics.forget(url, self.name)
                     log.info("endpoint %s left", url)
         self._routable = None
 
@@ -193,7 +194,7 @@ class Pool:
                 pass
 
     def publish(self) -> None:
-        m, pool = self.metrics, self.metrics.pool
+        m, pool = self.metrics, self.name
         m.child(m.ready, pool).set(len(self.routable()))
         for ep in self.endpoints.values():
             m.child(m.endpoint_queue, pool, ep.url).set(ep.num_waiting)
