@@ -25,6 +25,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is computed whole in one step
     scheduling_policy: str = "fcfs"
+    background_priority: int | None = None  # requests at or above it run only in steps with no others
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
@@ -66,6 +67,10 @@ def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
                    "split across steps)")
     g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"],
                    help="order of the waiting queue: arrival, or the requests' priority field")
+    g.add_argument("--background-priority", type=int, default=d.background_priority, metavar="P",
+                   help="requests whose priority field is P or more (lower is served first) run only in "
+                   "steps with no other request running or waiting; others preempt them for a seat or "
+                   "KV blocks (e.g. batch lines sent with priority 1; default: none)")
     g.add_argument("--seed", type=int, default=d.seed,
                    help="seeds the weights of a preset and the requests that bring no seed")
     note = f" ({real_only})" if real_only else ""

@@ -55,7 +55,8 @@ class LLMEngine:
                                    max_model_len=min(model_len, self.runner.max_model_len),
                                    eos_token_id=eos,
                                    policy=args.scheduling_policy,
-                                   enable_chunked_prefill=args.enable_chunked_prefill)
+                                   enable_chunked_prefill=args.enable_chunked_prefill,
+                                   background_priority=args.background_priority)
         self.model_name = args.model
         self.clock = clock
         self.seqs: dict[str, Sequence] = {}
