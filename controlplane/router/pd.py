@@ -33,7 +33,7 @@ from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
 from controlplane.router.upstream import Upstream, UpstreamError
-from simulator.router import Router
+from routing.router import Router
 
 MAX_ANSWER = 1 << 20  # a 1-token answer is small
 
