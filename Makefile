@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # Debian packages the tests need (installed with apt-get when missing).
-DEB_PACKAGES := prometheus redis-server
-DEB_BINARIES := prometheus redis-server
+DEB_PACKAGES := prometheus redis-server chromium
+DEB_BINARIES := prometheus redis-server chromium
 
 .PHONY: install test demo lint clean native vllm
 

@@ -38,7 +38,12 @@ def pareto_figure(result: dict):
     best = result["answer"].get("best_option")
     if best:
         at = (100 * (best["attainment"] or 0), best["cost_per_day"])
-        ax.annotate("recommended", at, xytext=(-70, 18), textcoords="offset points", fontsize=8,
+        xs = [100 * (o["attainment"] or 0) for o in result["ranking"]]
+        ys = [o["cost_per_day"] for o in result["ranking"]]
+        # the label points inwards, so that it never sits on the axis's tick labels
+        dx = 20 if at[0] <= (min(xs) + max(xs)) / 2 else -90
+        dy = 22 if at[1] <= (min(ys) * max(ys)) ** 0.5 else -26
+        ax.annotate("recommended", at, xytext=(dx, dy), textcoords="offset points", fontsize=9,
                     arrowprops={"arrowstyle": "->", "lw": 0.8})
     front = sorted((100 * (o["attainment"] or 0), o["cost_per_day"])
                    for o in result["ranking"] if o["pareto"])

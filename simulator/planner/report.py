@@ -20,6 +20,9 @@ STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{bor
          "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}")
 
 
+IMAGE_TITLES = {"pareto": "Cost against SLO attainment", "capacity": "What one replica serves"}
+
+
 def write_plan_outputs(plan, result: dict, out: Path, plots: bool = True) -> list[str]:
     """Writes the folder; returns the names of the files written at its top."""
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +119,7 @@ def plan_html(result: dict, images: list[str]) -> str:
                          "capacity (a replica)", "over seeds", "static replicas", "static cost/h",
                          "static cost per M output tokens", "oracle bound cost/day"], rows))
     for img in images:
-        parts.append(f"<h2>{html.escape(Path(img).stem)}</h2><img src='{html.escape(img)}'>")
+        title = IMAGE_TITLES.get(Path(img).stem, Path(img).stem)
+        parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(img)}'>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
