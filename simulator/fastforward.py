@@ -51,7 +51,8 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
             fit = sched.first_fit(budget)
             if fit is not None and bm.can_admit(sched.waiting[fit[0]], fit[1], fit[3]):
                 return 0, False
-            if fit is not None and bm.enable_prefix_caching and any(bm.allocator.is_free(b) for b in fit[1]):
+            if (fit is not None and bm.enable_prefix_caching
+                    and any(b >= 0 and bm.allocator.is_free(b) for b in fit[1])):  # <0: offload tier
                 # an allocation may evict the waiting request's cached free blocks, which then no
                 # longer count against the free ones it needs: it may fit at the next step that
                 # allocates; stop before that step (steps that allocate nothing change nothing)

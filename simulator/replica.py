@@ -19,6 +19,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler, length_left
 from simulator.fastforward import advance_decodes, decode_stretch
 from simulator.kvcount import CountingBlockManager
+from simulator.kvtier import TieredBlockManager
 from simulator.metrics import LAYOUT, ReplicaMetrics
 from simulator.requests import SimSequence
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
@@ -32,6 +33,8 @@ class Replica:
         self.env, self.id, self.pool, self.timer, self.fleet, self.fast = env, rid, pool, timer, fleet, fast
         if fast and not spec.prefix_caching:
             self.bm = CountingBlockManager(spec.num_kv_blocks(), spec.block_size)
+        elif spec.kv_offload is not None:  # simulator.kvtier: evicted prefix blocks kept in host memory
+            self.bm = TieredBlockManager(spec.num_kv_blocks(), spec.block_size, spec.kv_offload.blocks)
         else:  # the step-by-step reference always runs on the engine's own block manager
             self.bm = BlockManager(spec.num_kv_blocks(), spec.block_size, spec.prefix_caching)
         self.sched = Scheduler(self.bm, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len,
@@ -44,6 +47,8 @@ class Replica:
         self.outstanding = 0
         self.reserved = 0  # P/D: KV reservations whose transfer is still on its way (simulator.pd)
         self.busy_ps = 0  # time spent stepping (utilisation)
+        self.prefill_computed = 0  # prompt tokens computed (not found in any KV tier)
+        self.load_ps = spec.kv_offload.load_ps_per_block if spec.kv_offload is not None else 0
         self.max_usage = 0.0
         self._wake: simpy.Event | None = None
         self._ff: tuple | None = None  # the stretch in progress: (t0, a, b, c0, num_seqs, steps, seqs)
@@ -211,6 +216,9 @@ class Replica:
         ds = shape.decode_seqs
         a, b = self.timer.coeffs(shape.prefill_tokens, shape.prefill_context, ds, shape.prefill_seqs)
         d = a + b * shape.decode_context
+        if self.load_ps:  # blocks admitted from the offload tier are copied in during this step
+            d += self.bm.take_loaded() * self.load_ps
+        self.prefill_computed += shape.prefill_tokens
         yield env.timeout(d)
         t1 = t0 + d
         self.busy_ps += d

@@ -9,6 +9,7 @@ import numpy as np
 
 from autoscaler.slo import SloTarget
 from simulator.cost import fleet_cost, pool_cost
+from simulator.kvtier import tier_summary
 from simulator.requests import OK, STATUS
 from simulator.steptime import PS
 from simulator.trigger_watch import unmatched_triggers
@@ -150,6 +151,7 @@ def summarize(fleet) -> dict:
             ),
             "peak_kv_usage": max((r.max_usage for r in pool.replicas), default=0.0),
             "preemptions": int(sum(r.sched.num_preemptions for r in pool.replicas)),
+            "kv_tiers": tier_summary(pool),  # hit rates by tier, prompt tokens computed (simulator.kvtier)
             **pool_cost(pool, fleet.end_ps, fleet.end_time_ps),
         }
     tl = fleet.timeline

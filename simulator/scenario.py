@@ -26,6 +26,7 @@ from routing.flow import Band, SaturationDetector
 from routing.router import Router
 from simulator.dists import Dist
 from simulator.frontend import frontend_from_provenance
+from simulator.kvtier import OffloadSpec, offload_config
 from simulator.latency.loader import is_derived, model_ref
 from simulator.pd_spec import PDSpec, pd_config
 from simulator.scenario_limits import (
@@ -75,6 +76,7 @@ class PoolSpec:
     failure: FailureSpec | None = None
     autoscaler: dict | None = None
     labels: dict = field(default_factory=dict)  # its engines' series labels (model_name, namespace, pod)
+    kv_offload: OffloadSpec | None = None  # a host-memory tier behind the KV cache (simulator.kvtier)
 
     @property
     def startup_delay(self) -> Dist:
@@ -245,6 +247,10 @@ def _pool(doc: Document, base: Path, top: Document) -> PoolSpec:
         blocks = pool.num_kv_blocks()
     except ValueError:
         raise doc.error(("kv_memory",), "leaves no room for the KV cache") from None
+    if "kv_offload" in p:  # its price is part of the replica's hourly cost
+        pool.kv_offload = offload_config(doc.at("kv_offload"), pool.block_size, pool.kv_memory, lm,
+                                         pool.prefix_caching)
+        pool.cost_per_hour += pool.kv_offload.cost_per_hour
     if blocks > MAX_KV_BLOCKS:
         key = "kv_memory" if pool.kv_memory is not None else "max_model_len"
         raise doc.error((key,), f"gives {blocks} KV blocks a replica, more than the limit of {MAX_KV_BLOCKS}")

@@ -16,6 +16,7 @@ from autoscaler.yamlfile import Document, dotted
 from routing.pickers import POLICY_NAMES
 from routing.scorers import WEIGHTS_SCHEMA
 from simulator.dists import Dist, parse_dist
+from simulator.kvtier import OFFLOAD_SCHEMA
 from simulator.latency.loader import LATENCY_MODEL_SCHEMA
 from simulator.pd_spec import PD_SCHEMA
 from simulator.scenario_limits import (
@@ -186,6 +187,7 @@ POOL = mapping(
             ("gpu_memory_gib", "weights_gib", "kv_bytes_per_token"),
         ),
         "block_size": at_most(COUNT1, MAX_BLOCK_SIZE),
+        "kv_offload": OFFLOAD_SCHEMA,  # a host-memory tier behind the KV cache (simulator.kvtier)
         "prefix_caching": BOOL,
         "chunked_prefill": BOOL,  # off: each prompt computed whole in one step
         "provisioning_delay": DIST,  # from a scale-up to the new replica serving

@@ -33,10 +33,15 @@ class Deployment:
     pool: dict  # the scenario pool's fields (latency model resolved)
     gpus_per_replica: int
     price_per_gpu_hour: float
+    offload_cost_per_hour: float = 0.0  # its KV offload tier's host memory (simulator.kvtier), a replica
+
+    @property
+    def gpu_cost_per_hour(self) -> float:
+        return self.gpus_per_replica * self.price_per_gpu_hour
 
     @property
     def cost_per_hour(self) -> float:
-        return self.gpus_per_replica * self.price_per_gpu_hour
+        return self.gpu_cost_per_hour + self.offload_cost_per_hour
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,9 @@ class Candidate:
 
     def pool(self, replicas: int) -> dict:
         d = self.deployment
+        # the scenario adds the offload tier's price to the pool's cost_per_hour itself
         return {**d.pool, **self.engine, "name": d.name, "replicas": replicas,
-                "cost_per_hour": d.cost_per_hour}
+                "cost_per_hour": d.gpu_cost_per_hour}
 
 
 @dataclass(frozen=True)
@@ -187,7 +193,19 @@ def _deployment(doc: Document, base: Path) -> Deployment:
     pool = {k: d[k] for k in POOL_KEYS if k in d} | {"latency_model": lm}
     if "kv_memory" in pool:
         pool["kv_memory"] = {"num_gpus": gpus, **pool["kv_memory"]}
-    return Deployment(d["name"], pool, gpus, float(d["price_per_gpu_hour"]))
+    offload = _offload_cost(doc, {**pool, "name": d["name"]}) if "kv_offload" in pool else 0.0
+    return Deployment(d["name"], pool, gpus, float(d["price_per_gpu_hour"]), offload)
+
+
+def _offload_cost(doc: Document, pool: dict) -> float:
+    """A replica's offload tier an hour, as the scenario prices it (its capacity in bytes needs the
+    pool's block size and KV bytes a token)."""
+    probe = {"duration": 1.0, "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 1, "output_tokens": 1},
+             "pools": [pool]}
+    try:
+        return load_scenario(probe).pools[0].kv_offload.cost_per_hour
+    except ValueError as exc:
+        raise doc.error(("kv_offload",), f"as a scenario pool: {exc}") from None
 
 
 def _policy(doc: Document, base: Path) -> PlanPolicy:

@@ -59,6 +59,7 @@ def _candidate(plan, cand, found: dict, runs: list, oracle, curves: dict, per_da
         "engine": cand.engine,
         "gpus_per_replica": d.gpus_per_replica,
         "price_per_gpu_hour": d.price_per_gpu_hour,
+        "offload_cost_per_replica_hour": d.offload_cost_per_hour,
         "capacity": found["capacity"],
         "capacity_runs": sorted(runs, key=lambda r: (r[0], r[1])),
         "static": None,
@@ -94,7 +95,7 @@ def _policy(s: dict, d, per_day: float, tokens_day: float, oracle: dict | None) 
         "invalid": "; ".join(f"trigger {w['trigger']} matched nothing ({w['hint']})" for w in unmatched)
         or None,
         "cost_per_day": cost,
-        "gpu_hours_per_day": cost / d.price_per_gpu_hour,
+        "gpu_hours_per_day": cost / d.cost_per_hour * d.gpus_per_replica,  # the tier's price left out
         "x_oracle": cost / oracle["cost_per_day"] if oracle and oracle["cost_per_day"] > 0 else None,
         "attainment": s["slo_attainment_joint"],
         "window_attainment": s["slo_window_attainment"],

@@ -28,8 +28,8 @@ from simulator.scenario_schema import (
 
 # a deployment is a pool without a replica count or an autoscaler: the planner chooses those
 ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
-POOL_KEYS = ("latency_model", "max_model_len", "kv_blocks", "kv_memory", "block_size", "prefix_caching",
-             "step_overhead_ms", "wakeup_ms", "labels", *ENGINE_KEYS)
+POOL_KEYS = ("latency_model", "max_model_len", "kv_blocks", "kv_memory", "kv_offload", "block_size",
+             "prefix_caching", "step_overhead_ms", "wakeup_ms", "labels", *ENGINE_KEYS)
 
 
 def grid(item: dict) -> dict:

@@ -1,0 +1,214 @@
+"""A pool's KV offload tier: host memory behind each replica's GPU KV cache, in the simulator.
+
+    pools:
+      - name: h100
+        ...
+        kv_offload:
+          capacity_gib: 256         # host memory a replica keeps KV blocks in (or capacity_blocks)
+          bandwidth_gbs: 100        # GB/s (1e9 bytes) host -> GPUs, all of the replica's GPUs together
+          price_per_gib_hour: 0.004 # added to the pool's cost_per_hour (0 when not given)
+          kv_bytes_per_token: 327680  # optional: kv_memory's or a derived model's otherwise
+
+A prefix-cache block that allocation evicts from device memory is kept in the tier instead of lost
+(the tier drops its least recently used block when full). A request whose cached prefix continues in
+the tier loads those blocks back instead of recomputing them; the step that admits it pays the copy,
+bytes per block / bandwidth, in place of their prefill compute. The copy out at eviction is taken as
+overlapped with compute (free), as vLLM's offloading connector stores asynchronously.
+
+Counters, by tier (tier_summary, in the report): tokens found on device (vLLM's prefix_cache_hits),
+tokens loaded from the tier, tokens looked up, and prompt tokens the replicas computed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from autoscaler.yamlfile import Document
+from engine.core.block_hash import block_hashes
+from engine.core.block_manager import BlockManager, cdiv
+from engine.core.sequence import Sequence
+from simulator.pd_spec import model_kv_bytes_per_token
+from simulator.steptime import PS
+
+GIB = 2**30
+MAX_OFFLOAD_BLOCKS = 4_000_000  # a replica's tier, in blocks (its LRU is one dict entry a block)
+OFFLOADED = -1  # in a prefix hit's block list: a block to load from the tier (no device block yet)
+
+_POS = {"type": "number", "exclusiveMinimum": 0}
+OFFLOAD_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["bandwidth_gbs"],
+    "properties": {
+        "capacity_gib": {**_POS, "maximum": 1e6},
+        "capacity_blocks": {"type": "integer", "minimum": 1, "maximum": MAX_OFFLOAD_BLOCKS},
+        "bandwidth_gbs": {**_POS, "maximum": 1e5},
+        "kv_bytes_per_token": {**_POS, "maximum": 1e9},
+        "price_per_gib_hour": {"type": "number", "minimum": 0, "maximum": 1e3},
+    },
+    "x-exactly-one": ["capacity_gib", "capacity_blocks"],
+}
+
+
+@dataclass(frozen=True)
+class OffloadSpec:
+    blocks: int  # the tier's capacity in the pool's blocks
+    bandwidth_bytes_s: float
+    kv_bytes_per_token: float  # the whole model's (all GPUs of a replica)
+    block_size: int
+    price_per_gib_hour: float = 0.0
+
+    @property
+    def capacity_gib(self) -> float:
+        return self.blocks * self.block_size * self.kv_bytes_per_token / GIB
+
+    @property
+    def cost_per_hour(self) -> float:
+        return self.capacity_gib * self.price_per_gib_hour
+
+    @property
+    def load_ps_per_block(self) -> int:
+        """The copy of one block from the tier to the GPUs, integer picoseconds."""
+        return int(round(self.block_size * self.kv_bytes_per_token / self.bandwidth_bytes_s * PS))
+
+
+def offload_config(doc: Document, block_size: int, kv_memory: dict | None, latency_model: str,
+                   prefix_caching: bool) -> OffloadSpec:
+    """The pool's checked `kv_offload` section (doc is that section; the schema has run)."""
+    d = doc.data
+    have = [k for k in ("capacity_gib", "capacity_blocks") if k in d]
+    if len(have) != 1:
+        raise doc.error((), "give exactly one of capacity_gib and capacity_blocks")
+    if not prefix_caching:
+        raise doc.error((), "needs prefix_caching: the tier keeps prefix-cache blocks")
+    kv = d.get("kv_bytes_per_token") or (kv_memory or {}).get("kv_bytes_per_token")
+    if not kv:
+        from simulator.latency import load_latency_model
+        from simulator.latency.loader import is_derived
+
+        if is_derived(latency_model):
+            kv = model_kv_bytes_per_token(load_latency_model(latency_model))
+    if not kv:
+        raise doc.error(("kv_bytes_per_token",), "is required: the pool has no kv_memory and its latency "
+                        "model is not a derived one whose architecture gives the KV bytes per token")
+    kv = float(kv)
+    if "capacity_blocks" in d:
+        blocks = int(d["capacity_blocks"])
+    else:
+        blocks = int(float(d["capacity_gib"]) * GIB // (kv * block_size))
+        if blocks < 1:
+            raise doc.error(("capacity_gib",), f"holds no whole block of {kv * block_size:.0f} bytes")
+        if blocks > MAX_OFFLOAD_BLOCKS:
+            raise doc.error(("capacity_gib",), f"gives {blocks} blocks a replica, more than the limit of "
+                            f"{MAX_OFFLOAD_BLOCKS}; a larger block_size holds the same bytes in fewer")
+    return OffloadSpec(blocks, float(d["bandwidth_gbs"]) * 1e9, kv, block_size,
+                       float(d.get("price_per_gib_hour", 0.0)))
+
+
+class TieredBlockManager(BlockManager):
+    """The engine's block manager with an offload tier: an LRU of the hashes of blocks evicted from
+    device memory. A prefix hit may run on from device blocks into tier blocks (OFFLOADED in the hit
+    list); admission gives those fresh device blocks, registers them and counts them to be loaded."""
+
+    def __init__(self, num_blocks: int, block_size: int, offload_blocks: int):
+        super().__init__(num_blocks, block_size, True)
+        self.offload_capacity = offload_blocks
+        self.offload: OrderedDict[int, None] = OrderedDict()  # block hash -> None, least recent first
+        self.offload_hits = 0  # tokens loaded from the tier at admission
+        self.offload_stores = 0  # blocks copied into the tier
+        self.loaded_blocks = 0  # blocks loaded and not yet paid for by a step (take_loaded)
+
+    def _evict(self, block: int) -> None:
+        h = self.block_hash.get(block)
+        super()._evict(block)
+        if h is not None:
+            self._store(h)
+
+    def _store(self, h: int) -> None:
+        if h in self.offload:
+            self.offload.move_to_end(h)
+            return
+        self.offload[h] = None
+        self.offload_stores += 1
+        if len(self.offload) > self.offload_capacity:
+            self.offload.popitem(last=False)
+
+    def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        blocks, hashes = [], []
+        for h in block_hashes(seq.token_ids, self.block_size, 0, (len(seq) - 1) // self.block_size):
+            block = self.cached.get(h)
+            if block is None:
+                if h not in self.offload:
+                    break
+                block = OFFLOADED
+            blocks.append(block)
+            hashes.append(h)
+        return blocks, hashes
+
+    def can_admit(self, seq: Sequence, hit_blocks: list[int], num_new_tokens: int) -> bool:
+        device = [b for b in hit_blocks if b != OFFLOADED]
+        need = cdiv(len(hit_blocks) * self.block_size + num_new_tokens, self.block_size) - len(device)
+        reclaimed = sum(1 for b in device if self.allocator.is_free(b))
+        return need <= self.allocator.num_free - reclaimed
+
+    def admit(self, seq: Sequence, hit_blocks: list[int], hit_hashes: list[int]) -> None:
+        load = [i for i, b in enumerate(hit_blocks) if b == OFFLOADED]
+        if not load:
+            return super().admit(seq, hit_blocks, hit_hashes)
+        for b in hit_blocks:  # the device part first: allocating below must not evict it
+            if b == OFFLOADED:
+                continue
+            if self.allocator.is_free(b):
+                self.allocator.take(b)
+            else:
+                self.allocator.incref(b)
+        for i in load:  # most recent in the tier before allocation stores evicted blocks into it
+            self.offload.move_to_end(hit_hashes[i])
+        fresh = self.allocate_blocks(len(load))
+        if fresh is None:
+            raise RuntimeError("offload tier: admission without room for the loaded blocks")
+        table = list(hit_blocks)
+        for i, b in zip(load, fresh):
+            table[i] = b
+            self.register(b, hit_hashes[i])
+        seq.block_table = table
+        seq.block_hashes = list(hit_hashes)
+        seq.num_computed_tokens = len(hit_blocks) * self.block_size
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.prefix_cache_queries += len(seq)
+        self.prefix_cache_hits += (len(hit_blocks) - len(load)) * self.block_size  # device hits only
+        self.offload_hits += len(load) * self.block_size
+        self.loaded_blocks += len(load)
+
+    def take_loaded(self) -> int:
+        """Blocks loaded since the last call (the step being timed pays for them)."""
+        n, self.loaded_blocks = self.loaded_blocks, 0
+        return n
+
+
+def tier_summary(pool) -> dict:
+    """Hit rates by tier and prompt tokens computed, over a pool's replicas (the report's kv_tiers)."""
+    reps = pool.replicas
+    queries = sum(r.bm.prefix_cache_queries for r in reps)
+    device = sum(r.bm.prefix_cache_hits for r in reps)
+    offload = sum(getattr(r.bm, "offload_hits", 0) for r in reps)
+    spec = pool.spec.kv_offload
+    out = {
+        "queried_tokens": queries,
+        "device_hit_tokens": device,
+        "offload_hit_tokens": offload,
+        "device_hit_rate": device / queries if queries else None,
+        "offload_hit_rate": offload / queries if queries else None,
+        "hit_rate": (device + offload) / queries if queries else None,
+        # every prefill token the replicas computed (recomputes after preemption included)
+        "prefill_tokens_computed": sum(r.prefill_computed for r in reps),
+        "offload_loaded_blocks": offload // pool.spec.block_size,
+    }
+    if spec is not None:
+        out["offload"] = {"capacity_blocks": spec.blocks, "capacity_gib": spec.capacity_gib,
+                          "bandwidth_gbs": spec.bandwidth_bytes_s / 1e9,
+                          "load_ms_per_block": spec.load_ps_per_block / 1e9,
+                          "cost_per_replica_hour": spec.cost_per_hour,
+                          "stored_blocks": sum(getattr(r.bm, "offload_stores", 0) for r in reps)}
+    return out
