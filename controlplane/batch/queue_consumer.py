@@ -49,11 +49,11 @@ class QueueConsumer:
     def __init__(self, redis_url: str, stream: str, router_url: str, group: str = "slopilot",
                  consumer: str = "consumer-0", priority: str = "0", max_inflight: int = 32,
                  claim_idle: float = 60.0, result_ttl: int = 86_400, api_key: str | None = None,
-                 timeout: float = 600.0):
+                 timeout: float = 600.0, engine_priority: int | None = None):
         self.redis = aioredis.from_url(redis_url, decode_responses=True)
         self.stream, self.group, self.consumer, self.router = stream, group, consumer, router_url.rstrip("/")
         self.priority, self.max_inflight, self.claim_idle = priority, max_inflight, claim_idle
-        self.result_ttl = result_ttl
+        self.result_ttl, self.engine_priority = result_ttl, engine_priority
         headers = {"x-slopilot-priority": priority}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -135,6 +135,8 @@ class QueueConsumer:
             return error_line(rid, "invalid_request", f"body must be a JSON object, deadline a number: {exc}")
         if not isinstance(body, dict):
             return error_line(rid, "invalid_request", "body must be a JSON object")
+        if self.engine_priority is not None:
+            body.setdefault("priority", self.engine_priority)  # the engine's background class
         for attempt in range(1_000_000):
             if time.time() >= deadline:
                 return error_line(rid, "deadline_exceeded", "the request's deadline passed before it was "

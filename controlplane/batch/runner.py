@@ -8,6 +8,10 @@ lines are out at a time (held in the gate or at an engine). A line answered is w
 done; a line not written when the process dies is pending again after restart, so the output file
 has every line once (an engine may have computed it twice).
 
+With `engine_priority` set, a line whose body has no `priority` is sent with that one (vLLM's
+request field: lower is served first), so an engine run with `--scheduling-policy priority
+--background-priority` lets it run only in steps no interactive request needs.
+
 A transient refusal (band full, TTL in the gate, no endpoint could take it, an engine's 429) sends
 the line again later with backoff; a model no endpoint serves (404) and an engine's answer (2xx or
 4xx) are final. At expiry (or cancellation) the lines still waiting in the gate are withdrawn, those
@@ -59,9 +63,11 @@ class Capture:
 
 class BatchRunner:
     def __init__(self, store: Store, gate: Gate, reader: PromptReader, upstream: Callable, headers: bytes,
-                 metrics: BatchMetrics, max_inflight: int = 64, tick: float = 0.1):
+                 metrics: BatchMetrics, max_inflight: int = 64, tick: float = 0.1,
+                 engine_priority: int | None = None):
         self.store, self.gate, self.reader, self.upstream = store, gate, reader, upstream
         self.headers, self.metrics, self.max_inflight, self.tick = headers, metrics, max_inflight, tick
+        self.engine_priority = engine_priority
         band = next((b for b in gate.queue.bands if b.name == "batch"), gate.queue.bands[-1])
         self.priority = band.priority
         self.inflight: dict[tuple[str, int], Line] = {}
@@ -183,6 +189,9 @@ class BatchRunner:
         data = json.loads(body)
         model = str(data.get("model") or "")
         hashes, tokens = self.reader.read(request_prompt(data, path == "/v1/chat/completions"))
+        if self.engine_priority is not None and "priority" not in data:
+            data["priority"] = self.engine_priority
+            body = json.dumps(data)
         raw = body.encode()
         self.gate.metrics.arrived(model, self.priority)
         server_errors = 0

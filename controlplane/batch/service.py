@@ -35,7 +35,8 @@ def is_batch_path(path: str) -> bool:
 
 class BatchService:
     def __init__(self, st, state_dir: str | Path | None = None, max_inflight: int = 64,
-                 max_file_bytes: int = MAX_BODY_BYTES, max_file_lines: int = MAX_LINES):
+                 max_file_bytes: int = MAX_BODY_BYTES, max_file_lines: int = MAX_LINES,
+                 engine_priority: int | None = None):
         """st: the router's state (gate, metrics, reader, upstream, keys)."""
         try:
             self.store = Store(Path(state_dir) / DB_NAME if state_dir else None)
@@ -51,7 +52,7 @@ class BatchService:
             headers += b"authorization: Bearer %s\r\n" % key.encode("latin-1")
         self.metrics = BatchMetrics(st.metrics.registry, self.store)
         self.runner = BatchRunner(self.store, st.gate, st.reader, lambda: st.upstream, headers, self.metrics,
-                                  max_inflight)
+                                  max_inflight, engine_priority=engine_priority)
         self.files = FilesApi(self.store, max_file_bytes, max_file_lines)
         self.batches = BatchesApi(self.store, self.runner, slacks=self.metrics.slacks)
         self._stop = asyncio.Event()

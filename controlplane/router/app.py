@@ -45,7 +45,8 @@ PROXIED = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> ch
 class RouterState:
     def __init__(self, cfg: RouterConfig, discover: Callable[[], list[str]], api_key: str | None,
                  upstream_key: str | None, pool_name: str, state_dir: str | None = None,
-                 batch_inflight: int = 64, pd: PDSettings | None = None):
+                 batch_inflight: int = 64, pd: PDSettings | None = None,
+                 batch_engine_priority: int | None = None):
         self.cfg, self.api_key, self.upstream_key = cfg, api_key, upstream_key
         self.metrics = RouterMetrics(pool_name)
         self.pool = Pool(cfg, discover, self.metrics)
@@ -55,7 +56,8 @@ class RouterState:
                                    hashes=uses_prefix)
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
         self.expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
-        self.batch = BatchService(self, state_dir, batch_inflight)  # /v1/files, /v1/batches
+        # /v1/files, /v1/batches
+        self.batch = BatchService(self, state_dir, batch_inflight, engine_priority=batch_engine_priority)
         self.pd = PrefillHop(pd, cfg, self.metrics) if pd is not None else None  # the P/D profile
 
 
@@ -221,8 +223,9 @@ def json_error(conn: Connection, status: int, message: str, kind: str) -> None:
 def build_router_app(cfg: RouterConfig, discover: Callable[[], list[str]], *, api_key: str | None = None,
                      upstream_key: str | None = None, pool_name: str = "default",
                      state_dir: str | None = None, batch_inflight: int = 64,
-                     pd: PDSettings | None = None) -> RouterApp:
+                     pd: PDSettings | None = None, batch_engine_priority: int | None = None) -> RouterApp:
     """discover() -> the endpoints' base URLs now (called every refresh; must not block). state_dir: the
-    Batch API's store (none: in memory); batch_inflight: batch lines out at a time."""
+    Batch API's store (none: in memory); batch_inflight: batch lines out at a time;
+    batch_engine_priority: the `priority` field batch lines are sent with (none: not sent)."""
     return RouterApp(RouterState(cfg, discover, api_key, upstream_key, pool_name, state_dir, batch_inflight,
-                                 pd))
+                                 pd, batch_engine_priority))

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", default="0",
                    help="the router's band for these requests, a name or a priority (its batch band; 0 is "
                         "the one band of a router without flow control)")
+    p.add_argument("--engine-priority", type=int, default=None, metavar="P",
+                   help="the `priority` field sent with each request that has none (the engines' "
+                        "--background-priority; default: none sent)")
     p.add_argument("--max-inflight", type=int, default=32, help="requests out at a time")
     p.add_argument("--claim-idle", type=float, default=60.0, metavar="SECONDS",
                    help="claim another consumer's pending entries once idle this long")
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         consumer = QueueConsumer(args.redis, args.stream, args.router, args.group,
                                  args.consumer or socket.gethostname(), args.priority, args.max_inflight,
-                                 args.claim_idle, api_key=args.api_key)
+                                 args.claim_idle, api_key=args.api_key,
+                                 engine_priority=args.engine_priority)
         await consumer.run(stop)
 
     asyncio.run(main())

@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "restarted router resumes every batch. Default: in memory, lost at exit")
     p.add_argument("--batch-max-inflight", type=int, default=64, metavar="N",
                    help="batch lines out at a time (held in the gateway's batch band or at an engine)")
+    p.add_argument("--batch-engine-priority", type=int, default=None, metavar="P",
+                   help="send batch lines with this `priority` field (unless a line sets one): with engines "
+                        "run with --scheduling-policy priority --background-priority P they yield every "
+                        "step interactive requests need. Default: none sent (vLLM rejects a priority "
+                        "under its default fcfs policy)")
     p.add_argument("--max-connections", type=int, default=10_000,
                    help="client connections at once (also kept under half the descriptor limit); "
                         "past it a new connection gets 503")
@@ -84,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-max-inflight must be >= 1, got {args.batch_max_inflight}")
     app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,
                            pool_name=args.pool_name, state_dir=args.state_dir,
-                           batch_inflight=args.batch_max_inflight, pd=pd)
+                           batch_inflight=args.batch_max_inflight, pd=pd,
+                           batch_engine_priority=args.batch_engine_priority)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     for flag in ("max_connections", "header_timeout", "body_timeout", "idle_timeout"):
         if not getattr(args, flag) > 0:
