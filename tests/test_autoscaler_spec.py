@@ -179,7 +179,8 @@ def test_crd_is_generated_from_the_schema_and_structural():
     # the CRD's field set is the schema's: same spec properties, same policy types
     spec_props = schema["properties"]["spec"]["properties"]
     assert set(spec_props) == set(inference_autoscaler()["properties"]["spec"]["properties"])
-    assert spec_props["policy"]["properties"]["type"]["enum"] == ["keda", "hpa", "ratio", "sloModel", "kpa"]
+    assert spec_props["policy"]["properties"]["type"]["enum"] == [
+        "keda", "hpa", "ratio", "sloModel", "kpa", "pdModel"]
 
 
 def test_examples_pass_the_crd_schema_too():

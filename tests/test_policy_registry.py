@@ -58,7 +58,7 @@ def test_the_schema_takes_it_and_checks_its_options():
     with pytest.raises(ValueError, match=r"spec\.policy\.toyQueue\.perReplica: unknown field"):
         load_spec(SPEC.replace("queuePerReplica", "perReplica"))
     unregister("toyQueue")
-    builtin = "keda, hpa, ratio, sloModel, kpa"
+    builtin = "keda, hpa, ratio, sloModel, kpa, pdModel"
     with pytest.raises(ValueError, match=rf"spec\.policy\.type: must be one of {builtin}, got 'toyQueue'"):
         load_spec(SPEC)
 
@@ -74,7 +74,8 @@ def test_it_appears_in_the_crd_and_the_reference():
     text = page.spec_page()
     assert "| `spec.policy.toyQueue.queuePerReplica` | number | > 0 | `4.0` | waiting requests one replica " \
         "absorbs |" in text
-    assert "`spec.policy.type` | one of `keda`, `hpa`, `ratio`, `sloModel`, `kpa`, `toyQueue`" in text
+    assert ("`spec.policy.type` | one of `keda`, `hpa`, `ratio`, `sloModel`, `kpa`, `pdModel`, "
+            "`toyQueue`") in text
 
 
 def test_the_sources_read_what_it_declares_and_a_bad_registration_is_refused():
@@ -85,7 +86,8 @@ def test_the_sources_read_what_it_declares_and_a_bad_registration_is_refused():
         register(PolicyType("toyQueue", toy_policy.build, reads=(), options=toy_policy.ToyOptions))
     with pytest.raises(ValueError, match="reads unknown aggregates"):
         register(PolicyType("toyTwo", toy_policy.build, reads=("queue",), options=toy_policy.ToyOptions))
-    assert [pt.name for pt in registered()] == ["keda", "hpa", "ratio", "sloModel", "kpa", "toyQueue"]
+    assert [pt.name for pt in registered()] == ["keda", "hpa", "ratio", "sloModel", "kpa", "pdModel",
+                                                "toyQueue"]
     assert lookup("toyQueue") is toy_policy.TOY
     assert isinstance(make_policy(load_spec(SPEC)), toy_policy.ToyQueuePolicy)
 

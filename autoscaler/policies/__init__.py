@@ -6,3 +6,4 @@ from autoscaler.policies import keda  # noqa: F401
 from autoscaler.policies import ratio  # noqa: F401
 from autoscaler.policies import slo_model  # noqa: F401
 from autoscaler.policies import kpa  # noqa: F401
+from autoscaler.policies import pd_model  # noqa: F401

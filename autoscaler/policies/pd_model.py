@@ -1,0 +1,60 @@
+"""The pdModel policy type: one pool of a disaggregated prefill/decode service sized on its own role's
+needs with a step-time model (autoscaler.pd_model). Two InferenceAutoscalers, one per pool, make the
+P/D autoscaler: role prefill on the prefill pool, role decode on the decode pool."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autoscaler.forecast import DemandOptions
+from autoscaler.pd_model import PdModelPolicy
+from autoscaler.registry import PolicyType, option, param_default, register
+
+POS, NONNEG = {"type": "number", "exclusiveMinimum": 0}, {"type": "number", "minimum": 0}
+_DEMAND = {f.name: f.default for f in dataclasses.fields(DemandOptions)}
+
+
+def _o(spec_name: str, keyword: str, schema: dict, meaning: str = ""):
+    """An option whose default is written once: in DemandOptions or in PdModelPolicy's signature."""
+    default = _DEMAND[keyword] if keyword in _DEMAND else param_default(PdModelPolicy, keyword)
+    return option(spec_name, default, schema, meaning)
+
+
+@dataclass(frozen=True)
+class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOptions' fields
+    role: str = option("role", "decode", {"enum": ["prefill", "decode"]},
+                       "which pool of the P/D service this autoscaler sizes: prefill (on prompt tokens and "
+                       "TTFT) or decode (on running sequences, KV and TPOT)")
+    margin: float = _o("margin", "margin", {"type": "number", "minimum": 0, "maximum": 0.9})
+    forecast_window: float = _o("forecastWindowSeconds", "forecast_window", POS)
+    scale_down_delay: float = _o("scaleDownDelaySeconds", "scale_down_delay", NONNEG)
+    max_batch_seqs: int = _o("maxBatchSeqs", "max_batch_seqs", {"type": "integer", "minimum": 1})
+    prompt_cv: float = _o("promptCV", "prompt_cv", NONNEG)
+    drain_seconds: float = _o("drainSeconds", "drain_seconds", POS)
+    burst_slope: str = _o("burstSlope", "burst_slope", {"enum": ["trend", "last", "onset"]})
+    drop_on_fall: bool = _o("dropOnFall", "drop_on_fall", {"type": "boolean"})
+    decode_ttft: float = _o("decodeTtftSeconds", "decode_ttft", {**NONNEG, "maximum": 3600},
+                            "prefill role: the TTFT the prefill pool cannot shorten (transfer, decode "
+                            "admission, first decode step), taken from the TTFT SLO")
+    kv_tokens: float = _o("kvTokensPerReplica", "kv_tokens", {**NONNEG, "maximum": 1e12},
+                          "decode role: KV tokens one replica holds (0: the observed KV usage only)")
+    kv_target: float = _o("kvTarget", "kv_target", {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                          "decode role: the KV usage a replica is sized to stay under")
+
+
+def build(spec, options: PdModelOptions, latency_model) -> PdModelPolicy:
+    given = dataclasses.asdict(options)
+    demand = DemandOptions(**{k: given.pop(k) for k in _DEMAND if k in given})
+    return PdModelPolicy(given.pop("role"), spec.slos, latency_model, min_replicas=spec.min_replicas,
+                         max_replicas=spec.max_replicas, polling_interval=spec.polling_interval,
+                         startup_delay=spec.startup_delay, demand=demand, **given)
+
+
+PD_MODEL = register(PolicyType(
+    "pdModel", build, reads=("arrival_rate", "mean_tokens", "num_waiting", "num_running", "kv_usage"),
+    options=PdModelOptions, needs_latency_model=True, needs_slo=True,
+    no_keda="the P/D model-based policy predicts each role's latency from a step-time model; KEDA triggers "
+    "cannot express it",
+    meaning="one pool of a prefill/decode service, sized on its role's needs with a latency model",
+))

@@ -1,0 +1,173 @@
+"""The two-role P/D autoscaler (pdModel): each role sized on its own needs, both pools scaling in the
+simulator under a ramp, and its decision log replayed by `slopilot replay` to the same decisions."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from autoscaler import load_spec, make_policy
+from autoscaler.observation import Observation
+from autoscaler.pd_model import PdModelPolicy
+from autoscaler.slo import SloTarget
+from controlplane.controller import AutoscalerLoop
+from controlplane.decision_log import DecisionLog
+from controlplane.targets import MemoryTarget
+from simulator.fleet import Fleet
+from simulator.latency import load_latency_model
+from simulator.run import build_workload
+from simulator.scenario import load_scenario
+from slopilot.cli import main
+
+MODEL = "h100-llama2-70b-tp4"
+SLOS = [SloTarget("ttft", 90, 3.0), SloTarget("tpot", 90, 0.1)]
+
+
+def spec_text(role: str, name: str | None = None, **opts) -> str:
+    extra = "".join(f", {k}: {v}" for k, v in opts.items())
+    return f"""
+apiVersion: slopilot.dev/v1alpha1
+kind: InferenceAutoscaler
+metadata: {{name: {name or role}}}
+spec:
+  scaleTargetRef: {{name: {name or role}}}
+  minReplicas: 1
+  maxReplicas: 12
+  pollingInterval: 15
+  startupDelaySeconds: 60
+  slo:
+    ttft: {{percentile: 90, seconds: 3.0}}
+    tpot: {{percentile: 90, seconds: 0.1}}
+  policy:
+    type: pdModel
+    pdModel: {{role: {role}, scaleDownDelaySeconds: 120{extra}}}
+"""
+
+
+def steady(policy: PdModelPolicy, rate: float, prompt: float, output: float, **fields) -> int:
+    """The count after ten polls of a steady load."""
+    d = None
+    for k in range(10):
+        obs = Observation(15.0 * k, 1, arrival_rate=rate, mean_prompt_tokens=prompt,
+                          mean_output_tokens=output, num_waiting=0, **fields)
+        d = policy.decide(obs)
+    return d.desired_replicas
+
+
+def test_each_role_is_sized_on_its_own_work():
+    m = load_latency_model(MODEL)
+
+    def pol(role, **kw):
+        return PdModelPolicy(role, SLOS, m, max_replicas=50, **kw)
+
+    # prefill follows the prompt tokens per second, not the output length
+    p1 = steady(pol("prefill"), 2.0, 4000, 300)
+    assert p1 >= 2
+    assert steady(pol("prefill"), 4.0, 4000, 300) > p1
+    assert steady(pol("prefill"), 2.0, 8000, 300) > p1
+    assert steady(pol("prefill"), 2.0, 4000, 3000) == p1
+    # decode follows running sequences (rate x output x TPOT) and their context, not prefill work
+    d1 = steady(pol("decode"), 4.0, 2000, 500)
+    assert d1 >= 2
+    assert steady(pol("decode"), 4.0, 2000, 1500) > d1
+    assert steady(pol("decode"), 8.0, 2000, 500) > d1
+    # a KV budget per replica: long contexts need more decode replicas than the TPOT alone
+    assert steady(pol("decode", kv_tokens=50_000), 4.0, 8000, 500) > steady(pol("decode"), 4.0, 8000, 500)
+    # the observed KV usage is a floor: 3 ready replicas at 95% with a 0.8 target -> 4
+    assert steady(pol("decode"), 0.1, 2000, 100, ready_replicas=3, kv_usage=0.95) == 4
+    # a TTFT-only or TPOT-only spec is refused for the role that needs the other
+    with pytest.raises(ValueError, match="decode role needs a tpot SLO"):
+        PdModelPolicy("decode", SLOS[:1], m)
+    with pytest.raises(ValueError, match="prefill or decode"):
+        PdModelPolicy("both", SLOS, m)
+
+
+def test_a_prompt_too_long_for_the_slo_does_not_order_every_replica():
+    m = load_latency_model(MODEL)
+    pol = PdModelPolicy("prefill", SLOS, m, max_replicas=50)
+    # a 16k-token mean prompt: its 90th percentile alone takes longer than the 3-s SLO
+    assert steady(pol, 0.2, 16000, 100) < 10
+
+
+def test_the_spec_loads_and_a_bad_role_names_the_field():
+    spec = load_spec(spec_text("prefill"), "p.yaml")
+    assert spec.policy_type == "pdModel" and spec.config.role == "prefill"
+    assert isinstance(make_policy(spec, load_latency_model(MODEL)), PdModelPolicy)
+    with pytest.raises(ValueError, match=r"spec\.policy\.pdModel\.role"):
+        load_spec(spec_text("middle"), "p.yaml")
+
+
+def pool(name: str, role: str) -> dict:
+    return {"name": name, "latency_model": MODEL, "replicas": 1, "max_num_seqs": 256,
+            "max_num_batched_tokens": 8192, "max_model_len": 32768, "prefix_caching": False,
+            "provisioning_delay": 60, "cost_per_hour": 39.2, "labels": {"engine": role},
+            "kv_memory": {"gpu_memory_gib": 74.5, "num_gpus": 4, "utilization": 0.9, "weights_gib": 130.4,
+                          "kv_bytes_per_token": 327680},
+            "autoscaler": {"spec": load_spec(spec_text(role)).doc}}
+
+
+def test_both_pools_scale_in_the_simulator_under_a_ramp():
+    sc = load_scenario({
+        "seed": 5, "duration": 1500,
+        "workload": {"arrivals": {"process": "gamma", "cv": 1.0,
+                                  "piecewise": [[0, 0.2], [300, 0.2], [900, 3.0], [1500, 3.0]]},
+                     "prompt_tokens": {"dist": "lognormal", "mean": 4000, "median": 3000, "max": 16000},
+                     "output_tokens": {"dist": "lognormal", "mean": 600, "median": 400, "max": 2000}},
+        "pools": [pool("prefill", "prefill"), pool("decode", "decode")],
+        "router": {"policy": "least_outstanding"},
+        "pd": {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 512,
+               "link": {"bandwidth_gbs": 50, "latency_ms": 0.5}, "kv_bytes_per_token": 327680},
+        "slo": {"ttft": {"percentile": 90, "seconds": 3.0}, "tpot": {"percentile": 90, "seconds": 0.1}},
+        "metrics": {"scrape_interval": 15, "rate_window": 60},
+    })
+    f = Fleet(sc, build_workload(sc, sc.seed))
+    f.run()
+    prefill, decode = f.pools
+    # at 0.2 req/s one of each; at 3 req/s of 4k-token prompts and 600-token outputs both grew
+    assert [d for t, d, _ in prefill.decisions if t < 300][-1] <= 2
+    assert [d for t, d, _ in decode.decisions if t < 300][-1] == 1
+    assert max(d for _, d, _ in prefill.decisions) >= 4
+    assert max(d for _, d, _ in decode.decisions) >= 4
+    assert all(r.startswith("pdModel/prefill") for _, _, r in prefill.decisions[1:])
+    assert any("prompt tok/s" in r for _, _, r in prefill.decisions)
+    assert all(r.startswith("pdModel/decode") for _, _, r in decode.decisions[1:])
+
+
+class PdScript:
+    """One pool's aggregates as its own scrape would give them (decode: running and KV as well)."""
+
+    def __init__(self, rates, prompt, output, kv=None):
+        self.rates, self.prompt, self.output, self.kv, self.i = rates, prompt, output, kv, 0
+
+    def observe(self, spec, now, current, ready=None):
+        r = self.rates[min(self.i, len(self.rates) - 1)]
+        self.i += 1
+        obs = Observation(now, current, ready, arrival_rate=r, mean_prompt_tokens=self.prompt,
+                          mean_output_tokens=self.output, num_waiting=r * 2)
+        if self.kv is not None:
+            obs.kv_usage, obs.num_running = self.kv, r * 10
+        return obs
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_the_decision_log_replays_to_the_same_decisions(role, tmp_path):
+    text = spec_text(role)
+    spec = load_spec(text)
+    rates = [0.2, 0.2, 0.5, 1.0, 2.0, 3.0, 3.5, 3.5, 3.0, 1.0, 0.5, 0.3] + [0.2] * 12
+    source = PdScript(rates, 4000.0, 600.0, kv=0.5 if role == "decode" else None)
+    log = DecisionLog(tmp_path / "decisions.csv", [])
+    loop = AutoscalerLoop(spec, make_policy(spec, load_latency_model(MODEL)), source, MemoryTarget(1),
+                          log_file=log)
+    desired = [loop.tick(1000.0 + 15 * k).desired for k in range(len(rates))]
+    log.close()
+    assert max(desired) > 1 and desired[-1] < max(desired)  # up with the load, down after the delay
+    (tmp_path / "spec.yaml").write_text(text)
+    out = tmp_path / "replayed.csv"
+    assert main(["replay", "--spec", str(tmp_path / "spec.yaml"), "--metrics",
+                 str(tmp_path / "decisions.csv"), "--step-model", MODEL, "-o", str(out)]) == 0
+    logged = list(csv.DictReader(io.StringIO((tmp_path / "decisions.csv").read_text())))
+    replayed = list(csv.DictReader(io.StringIO(out.read_text())))
+    key = ("time", "desired_replicas", "active", "reason")
+    assert [tuple(r[k] for k in key) for r in logged] == [tuple(r[k] for k in key) for r in replayed]
