@@ -106,33 +106,90 @@ def offload_config(doc: Document, block_size: int, kv_memory: dict | None, laten
                        float(d.get("price_per_gib_hour", 0.0)))
 
 
+class SimTier:
+    """The offload tier's book in the simulator: the hashes it holds, least recently used first (no
+    data: the copy is timed, per block). The engine's offload tier's interface (store, pin, unpin,
+    load, `in`, listeners), so the engine's block manager can drive either."""
+
+    def __init__(self, capacity_blocks: int, medium: str = "CPU"):
+        self.capacity = capacity_blocks
+        self.medium = medium
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.pins: dict[int, int] = {}
+        self.stored_blocks = 0  # blocks copied in
+        self.loaded_blocks = 0  # blocks copied back to the device
+        self.pending = 0  # loaded since the last take_loaded() (the step being timed pays for them)
+        self.listeners: list[tuple] = []  # (on_stored, on_removed), each called with (hashes, medium)
+
+    def __contains__(self, h: int) -> bool:
+        return h in self.lru
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+    def add_listener(self, on_stored=None, on_removed=None) -> None:
+        self.listeners.append((on_stored, on_removed))
+
+    def store(self, pairs: list[tuple[int, int]]) -> None:
+        """Evicted device blocks [(block id, hash)] kept; a hash held already is only touched."""
+        stored, removed = [], []
+        for _, h in pairs:
+            if h in self.lru:
+                self.lru.move_to_end(h)
+                continue
+            if len(self.lru) >= self.capacity:
+                victim = next((v for v in self.lru if v not in self.pins), None)
+                if victim is None:  # everything is being loaded: this store is skipped
+                    continue
+                del self.lru[victim]
+                removed.append(victim)
+            self.lru[h] = None
+            stored.append(h)
+        self.stored_blocks += len(stored)
+        for on_stored, on_removed in self.listeners:
+            if removed and on_removed:
+                on_removed(removed, self.medium)
+            if stored and on_stored:
+                on_stored(stored, self.medium)
+
+    def pin(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self.pins[h] = self.pins.get(h, 0) + 1
+            self.lru.move_to_end(h)
+
+    def unpin(self, hashes: list[int]) -> None:
+        for h in hashes:
+            if self.pins[h] == 1:
+                del self.pins[h]
+            else:
+                self.pins[h] -= 1
+
+    def load(self, hashes: list[int], blocks: list[int]) -> None:
+        """The pinned hashes copied into device blocks (they stay in the tier), and unpinned."""
+        self.loaded_blocks += len(blocks)
+        self.pending += len(blocks)
+        self.unpin(hashes)
+
+    def take_loaded(self) -> int:
+        n, self.pending = self.pending, 0
+        return n
+
+
 class TieredBlockManager(BlockManager):
-    """The engine's block manager with an offload tier: an LRU of the hashes of blocks evicted from
-    device memory. A prefix hit may run on from device blocks into tier blocks (OFFLOADED in the hit
-    list); admission gives those fresh device blocks, registers them and counts them to be loaded."""
+    """The engine's block manager with a SimTier as its offload tier: a block evicted from device
+    memory is stored in the tier; a prefix hit may run on from device blocks into tier blocks
+    (OFFLOADED in the hit list), which admission gives fresh device blocks, loads and registers."""
 
     def __init__(self, num_blocks: int, block_size: int, offload_blocks: int):
         super().__init__(num_blocks, block_size, True)
-        self.offload_capacity = offload_blocks
-        self.offload: OrderedDict[int, None] = OrderedDict()  # block hash -> None, least recent first
+        self.offload = SimTier(offload_blocks)
         self.offload_hits = 0  # tokens loaded from the tier at admission
-        self.offload_stores = 0  # blocks copied into the tier
-        self.loaded_blocks = 0  # blocks loaded and not yet paid for by a step (take_loaded)
 
     def _evict(self, block: int) -> None:
         h = self.block_hash.get(block)
         super()._evict(block)
         if h is not None:
-            self._store(h)
-
-    def _store(self, h: int) -> None:
-        if h in self.offload:
-            self.offload.move_to_end(h)
-            return
-        self.offload[h] = None
-        self.offload_stores += 1
-        if len(self.offload) > self.offload_capacity:
-            self.offload.popitem(last=False)
+            self.offload.store([(block, h)])
 
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         blocks, hashes = [], []
@@ -163,11 +220,13 @@ class TieredBlockManager(BlockManager):
                 self.allocator.take(b)
             else:
                 self.allocator.incref(b)
-        for i in load:  # most recent in the tier before allocation stores evicted blocks into it
-            self.offload.move_to_end(hit_hashes[i])
+        loaded = [hit_hashes[i] for i in load]
+        self.offload.pin(loaded)  # the stores the allocation makes must not drop them
         fresh = self.allocate_blocks(len(load))
         if fresh is None:
+            self.offload.unpin(loaded)
             raise RuntimeError("offload tier: admission without room for the loaded blocks")
+        self.offload.load(loaded, fresh)
         table = list(hit_blocks)
         for i, b in zip(load, fresh):
             table[i] = b
@@ -179,12 +238,6 @@ class TieredBlockManager(BlockManager):
         self.prefix_cache_queries += len(seq)
         self.prefix_cache_hits += (len(hit_blocks) - len(load)) * self.block_size  # device hits only
         self.offload_hits += len(load) * self.block_size
-        self.loaded_blocks += len(load)
-
-    def take_loaded(self) -> int:
-        """Blocks loaded since the last call (the step being timed pays for them)."""
-        n, self.loaded_blocks = self.loaded_blocks, 0
-        return n
 
 
 def tier_summary(pool) -> dict:
@@ -210,5 +263,5 @@ def tier_summary(pool) -> dict:
                           "bandwidth_gbs": spec.bandwidth_bytes_s / 1e9,
                           "load_ms_per_block": spec.load_ps_per_block / 1e9,
                           "cost_per_replica_hour": spec.cost_per_hour,
-                          "stored_blocks": sum(getattr(r.bm, "offload_stores", 0) for r in reps)}
+                          "stored_blocks": sum(r.bm.offload.stored_blocks for r in reps if r.bm.offload)}
     return out

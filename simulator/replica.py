@@ -217,7 +217,7 @@ class Replica:
         a, b = self.timer.coeffs(shape.prefill_tokens, shape.prefill_context, ds, shape.prefill_seqs)
         d = a + b * shape.decode_context
         if self.load_ps:  # blocks admitted from the offload tier are copied in during this step
-            d += self.bm.take_loaded() * self.load_ps
+            d += self.bm.offload.take_loaded() * self.load_ps
         self.prefill_computed += shape.prefill_tokens
         yield env.timeout(d)
         t1 = t0 + d

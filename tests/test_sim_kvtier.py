@@ -105,7 +105,7 @@ def test_tiered_block_manager_keeps_evicted_blocks_and_loads_them_back():
     assert blocks == [OFFLOADED] * 3 and bm.can_admit(again, blocks, 1)
     bm.admit(again, blocks, hashes)
     assert again.num_computed_tokens == 12 and bm.offload_hits == 12 and bm.prefix_cache_hits == 0
-    assert bm.take_loaded() == 3 and bm.take_loaded() == 0
+    assert bm.offload.take_loaded() == 3 and bm.offload.take_loaded() == 0 and not bm.offload.pins
     assert all(bm.cached[h] == b for h, b in zip(hashes, again.block_table))  # on device again
     assert len(bm.offload) == 3  # b's evicted blocks (capacity 3: the LRU kept the newest)
 
