@@ -9,6 +9,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from engine.core.block_manager import cdiv
+from engine.kv_offload import DEFAULT_BANDWIDTH_GBS, offload_error
 
 # with no num_kv_blocks, the pool holds every running request at full length, up to this many tokens each
 DEFAULT_KV_TOKENS_PER_SEQ = 2048
@@ -30,6 +31,9 @@ class EngineArgs:
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str = "auto"
+    kv_offloading_size: float | None = None  # GiB of host memory for evicted prefix blocks (vLLM's flag)
+    kv_offloading_backend: str = "native"
+    kv_offloading_bandwidth: float = DEFAULT_BANDWIDTH_GBS  # GB/s each way; the emulated engine's copies
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
@@ -37,6 +41,12 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
+        error = offload_error(self.kv_offloading_size, self.kv_offloading_backend, self.enable_prefix_caching)
+        if error:
+            raise ValueError(error)
+        if not 0 < self.kv_offloading_bandwidth < float("inf"):
+            raise ValueError(f"--kv-offloading-bandwidth must be a positive number of GB/s, got "
+                             f"{self.kv_offloading_bandwidth!r}")
 
     def kv_blocks(self, max_model_len: int) -> int:
         """The KV pool size: num_kv_blocks, or room for every running request at full length (capped)."""
@@ -78,6 +88,14 @@ def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
     g.add_argument("--dtype", default=d.dtype, help=f"weights' and activations' dtype{note}")
     g.add_argument("--attention-backend", default=d.attention_backend,
                    help=f"paged attention kernel: auto picks the fastest built for the device{note}")
+    g.add_argument("--kv-offloading-size", type=float, default=d.kv_offloading_size, metavar="GIB",
+                   help="host memory (GiB) for a second KV tier: evicted prefix blocks are kept there "
+                   "and copied back on a prefix hit (as vLLM's flag; off by default)")
+    g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
+                   help="offloading backend, as vLLM's flag: native (the only one here)")
+    g.add_argument("--kv-offloading-bandwidth", type=float, default=d.kv_offloading_bandwidth,
+                   metavar="GBS", help="host<->device copy bandwidth, GB/s each way, that an emulated "
+                   "engine charges for offload-tier loads (default: PCIe Gen5 x16)")
 
 def from_cli(args: argparse.Namespace, model: str | None = None) -> EngineArgs:
     """EngineArgs from the flags add_cli_args made (and --model, when the command has one)."""

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from engine.core.batch_shape import batch_shape
 from engine.core.sequence import Sequence
+from engine.kv_offload import DEFAULT_BANDWIDTH_GBS, TimedCopier
 from engine.model.tokenizer import ByteTokenizer
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
@@ -41,7 +42,8 @@ class EmulatedRunner:
     def __init__(self, latency: StepTimeModel, *, num_kv_blocks: int, block_size: int = 16,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
-                 max_lag_s: float = 0.25):
+                 max_lag_s: float = 0.25, kv_bytes_per_token: float | None = None,
+                 offload_bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS):
         if num_kv_blocks < 1 or block_size < 1 or max_model_len < 2:
             raise ValueError(f"need num_kv_blocks >= 1, block_size >= 1, max_model_len >= 2; got "
                              f"{num_kv_blocks}, {block_size}, {max_model_len}")
@@ -55,12 +57,22 @@ class EmulatedRunner:
         self._deadline: float | None = None
         self.steps: list[tuple[tuple[int, ...], float]] = []  # (shape, predicted ms) when log_steps
         self.log_steps = False
+        # the offload tier, if any, has no data here: its loads cost bytes / bandwidth of step time
+        self.kv_block_bytes = int(kv_bytes_per_token * block_size) if kv_bytes_per_token else None
+        self.offload_bandwidth_gbs = offload_bandwidth_gbs
+        self._copier: TimedCopier | None = None
+
+    def offload_copier(self, num_slots: int) -> TimedCopier:
+        self._copier = TimedCopier(self.offload_bandwidth_gbs, self.kv_block_bytes)
+        return self._copier
 
     def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> list[int | None]:
         now = self._clock()
         b = batch_shape(seqs, num_new_tokens)
         shape = (b.prefill_tokens, b.prefill_context, b.decode_seqs, b.decode_context, b.prefill_seqs)
         ms = self.latency.step_ms(*shape)
+        if self._copier is not None:  # blocks loaded from the offload tier while scheduling this step
+            ms += self._copier.take_pending() * 1000.0
         if self.log_steps:
             self.steps.append((shape, ms))
         start = now

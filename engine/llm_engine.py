@@ -50,6 +50,10 @@ class LLMEngine:
         self.runner = runner
         self.tokenizer = self.runner.tokenizer
         self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size, args.enable_prefix_caching)
+        if args.kv_offloading_size is not None:
+            from engine.kv_offload import build_tier
+
+            self.block_manager.offload = build_tier(args.kv_offloading_size, runner)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=args.max_num_seqs,
                                    max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_model_len=min(model_len, self.runner.max_model_len),

@@ -28,7 +28,9 @@ def buckets_1_2_5(max_value: int) -> list[int]:
 
 class EngineMetrics:
     def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, object] | None = None,
-                 engine_index: int = 0):
+                 engine_index: int = 0, offload: bool = False):
+        """offload: the engine has an offload tier (its series are registered only then, as vLLM
+        registers its connector's only with a connector)."""
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         values = {"model_name": model_name, "engine": str(engine_index)}
@@ -48,6 +50,9 @@ class EngineMetrics:
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self._seen_external = (0, 0)
+        if offload:
+            self._offload_series(counter, gauge)
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
@@ -74,6 +79,27 @@ class EngineMetrics:
                   list(info) + ["engine"], registry=reg).labels(**info, engine=str(engine_index)).set(1)
         self._last_token: dict[str, float] = {}
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+
+    def _offload_series(self, counter, gauge) -> None:
+        # the offload tier: vLLM counts its hits as a KV connector's, "external" to the device cache
+        self.external_queries = counter("vllm:external_prefix_cache_queries",
+                                        "External prefix cache queries from KV connector cross-instance "
+                                        "cache sharing, in terms of number of queried tokens.")
+        self.external_hits = counter("vllm:external_prefix_cache_hits",
+                                     "External prefix cache hits from KV connector cross-instance cache "
+                                     "sharing, in terms of number of cached tokens.")
+        self.offload_counters = {
+            "load_bytes": counter("vllm:kv_offload_load_bytes",
+                                  "Total bytes loaded from offload storage to GPU."),
+            "load_seconds": counter("vllm:kv_offload_load_time",
+                                    "Total load time from offload storage to GPU, in seconds."),
+            "store_bytes": counter("vllm:kv_offload_store_bytes",
+                                   "Total bytes stored from GPU to offload storage."),
+            "store_seconds": counter("vllm:kv_offload_store_time",
+                                     "Total store time from GPU to offload storage, in seconds."),
+        }
+        self.offload_blocks = gauge("slopilot:kv_offload_blocks", "KV blocks held in the offload tier.")
+        self._seen_offload: dict[str, float] = dict.fromkeys(self.offload_counters, 0.0)
 
     def render(self, names: list[str] | None = None) -> bytes:
         """The text page; with names (`/metrics?name[]=...`, as prometheus_client's own handler and vLLM
@@ -104,6 +130,20 @@ class EngineMetrics:
         self.preemptions.inc(sched.num_preemptions - self._seen_preemptions)
         self._seen_queries, self._seen_hits = bm.prefix_cache_queries, bm.prefix_cache_hits
         self._seen_preemptions = sched.num_preemptions
+        if bm.offload is not None and hasattr(self, "offload_counters"):
+            self._update_offload(bm)
+
+    def _update_offload(self, bm) -> None:
+        tier = bm.offload
+        self.external_queries.inc(bm.offload_queries - self._seen_external[0])
+        self.external_hits.inc(bm.offload_hits - self._seen_external[1])
+        self._seen_external = (bm.offload_queries, bm.offload_hits)
+        now = {"load_bytes": tier.loaded_blocks * tier.block_bytes, "load_seconds": tier.load_seconds,
+               "store_bytes": tier.stored_blocks * tier.block_bytes, "store_seconds": tier.store_seconds}
+        for key, value in now.items():
+            self.offload_counters[key].inc(value - self._seen_offload[key])
+            self._seen_offload[key] = value
+        self.offload_blocks.set(len(tier.index))
 
     def record_finished(self, seq: Sequence) -> None:
         """Once per request, when it finishes for any reason (stop, length, abort, error)."""

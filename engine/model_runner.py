@@ -63,6 +63,19 @@ class ModelRunner:
         self._seed_rng = random.Random(seed)  # seeds for requests that bring none
         self._generators: dict[str, torch.Generator] = {}
 
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block over every layer, K and V (what the offload tier holds per slot)."""
+        from engine.kv_offload.copier import TensorCopier
+
+        return TensorCopier.block_bytes(self.kv_caches)
+
+    def offload_copier(self, num_slots: int):
+        """A host pool of num_slots blocks and the copies between it and this runner's KV pool."""
+        from engine.kv_offload.copier import TensorCopier
+
+        return TensorCopier(self.kv_caches, num_slots)
+
     def _prepare(self, seqs: list[Sequence], num_new_tokens: list[int]
                  ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         if len(seqs) != len(num_new_tokens) or not seqs:

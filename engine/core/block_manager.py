@@ -2,7 +2,9 @@
 
 Each full block is keyed by its chained hash (engine.core.block_hash). A block
 found by hash is shared by reference count. When its last user finishes, a cached block stays in
-the allocator's LRU free queue, still findable, until allocation evicts it.
+the allocator's LRU free queue, still findable, until allocation evicts it. With an offload tier
+(engine.kv_offload, set as `offload`), an evicted cached block is copied there instead of dropped,
+and a lookup that runs past the device cache goes on into the tier: those blocks come back in admit().
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from engine.core.block_hash import ROOT, block_hashes
 from engine.core.page_allocator import make_allocator
 from engine.core.sequence import Sequence
+
+OFFLOADED = -1  # a lookup's block id for a block found in the offload tier, not on the device
 
 
 def cdiv(a: int, b: int) -> int:
@@ -29,6 +33,10 @@ class BlockManager:
         self.block_hash: dict[int, int] = {}  # block id -> its hash, while registered
         self.prefix_cache_queries = 0  # tokens looked up at admission
         self.prefix_cache_hits = 0  # tokens found
+        # the offload tier (engine.kv_offload.OffloadTier), duck-typed: store, pin, unpin, load, `in`
+        self.offload = None
+        self.offload_queries = 0  # tokens looked up in the tier (those the device cache missed)
+        self.offload_hits = 0  # tokens found there and loaded
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,39 +51,70 @@ class BlockManager:
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks for the longest cached prefix of seq (block ids, their hashes). Pure.
 
-        At least one token is always left to compute, so the step yields logits to sample from.
+        A block found only in the offload tier has id OFFLOADED. At least one token is always left
+        to compute, so the step yields logits to sample from.
         """
         if not self.enable_prefix_caching:
             return [], []
         blocks, hashes = [], []
+        tier = self.offload
         for h in block_hashes(seq.token_ids, self.block_size, 0, (len(seq) - 1) // self.block_size):
             block = self.cached.get(h)
             if block is None:
-                break
+                if tier is None or h not in tier:
+                    break
+                block = OFFLOADED
             blocks.append(block)
             hashes.append(h)
         return blocks, hashes
 
     def can_admit(self, seq: Sequence, hit_blocks: list[int], num_new_tokens: int) -> bool:
         need = cdiv(len(hit_blocks) * self.block_size + num_new_tokens, self.block_size) - len(hit_blocks)
-        # hit blocks sitting in the free queue stop being free once shared
-        reclaimed = sum(1 for b in hit_blocks if self.allocator.is_free(b))
+        # hit blocks sitting in the free queue stop being free once shared; offloaded ones need a block
+        reclaimed = sum(1 for b in hit_blocks if b != OFFLOADED and self.allocator.is_free(b))
+        need += sum(1 for b in hit_blocks if b == OFFLOADED)
         return need <= self.allocator.num_free - reclaimed
 
     def admit(self, seq: Sequence, hit_blocks: list[int], hit_hashes: list[int]) -> None:
-        """Shares the cached prefix with seq and counts the lookup."""
+        """Shares the cached prefix with seq (copying its offloaded blocks back) and counts the lookup."""
         for b in hit_blocks:
+            if b == OFFLOADED:
+                continue
             if self.allocator.is_free(b):
                 self.allocator.take(b)
             else:
                 self.allocator.incref(b)
-        seq.block_table = list(hit_blocks)
+        table = list(hit_blocks)
+        restored = [i for i, b in enumerate(table) if b == OFFLOADED]
+        if restored:
+            self._restore(table, restored, [hit_hashes[i] for i in restored])
+        seq.block_table = table
         seq.block_hashes = list(hit_hashes)
         seq.num_computed_tokens = len(hit_blocks) * self.block_size
         seq.num_cached_tokens = seq.num_computed_tokens
         if self.enable_prefix_caching:
+            on_device = (len(hit_blocks) - len(restored)) * self.block_size
             self.prefix_cache_queries += len(seq)
-            self.prefix_cache_hits += seq.num_cached_tokens
+            self.prefix_cache_hits += on_device
+            if self.offload is not None:
+                self.offload_queries += len(seq) - on_device
+                self.offload_hits += len(restored) * self.block_size
+
+    def _restore(self, table: list[int], where: list[int], hashes: list[int]) -> None:
+        """Fresh device blocks for the offloaded entries of table, filled from the tier, registered."""
+        tier = self.offload
+        tier.pin(hashes)  # the stores that the allocation below triggers must not drop these
+        blocks = self.allocator.allocate(len(where))
+        if blocks is None:
+            tier.unpin(hashes)
+            raise RuntimeError(f"admit needs {len(where)} free blocks for offloaded prefix blocks "
+                               f"(call can_admit first)")
+        self._evict_all(blocks)
+        tier.load(hashes, blocks)
+        for i, b, h in zip(where, blocks, hashes):
+            table[i] = b
+            self.cached[h] = b
+            self.block_hash[b] = h
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grows seq's block table to hold num_new_tokens more tokens; all or nothing."""
@@ -85,15 +124,20 @@ class BlockManager:
         blocks = self.allocator.allocate(need)
         if blocks is None:
             return False
-        for b in blocks:
-            self._evict(b)
+        self._evict_all(blocks)
         seq.block_table.extend(blocks)
         return True
 
-    def _evict(self, block: int) -> None:
-        h = self.block_hash.pop(block, None)
-        if h is not None and self.cached.get(h) == block:
-            del self.cached[h]
+    def _evict_all(self, blocks: list[int]) -> None:
+        """Drops freshly allocated blocks from the prefix cache; the offload tier keeps a copy."""
+        evicted = []
+        for block in blocks:
+            h = self.block_hash.pop(block, None)
+            if h is not None and self.cached.get(h) == block:
+                del self.cached[h]
+                evicted.append((block, h))
+        if evicted and self.offload is not None:
+            self.offload.store(evicted)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Registers the blocks that the last step filled, so later requests can share them."""
@@ -137,8 +181,8 @@ class BlockManager:
     def allocate_blocks(self, n: int) -> list[int] | None:
         """n referenced blocks, evicted from the prefix cache if they were in it; None if too few are free."""
         blocks = self.allocator.allocate(n)
-        for b in blocks or ():
-            self._evict(b)
+        if blocks:
+            self._evict_all(blocks)
         return blocks
 
     def register(self, block: int, h: int) -> None:
@@ -160,4 +204,6 @@ class BlockManager:
         for h, b in self.cached.items():
             if self.block_hash.get(b) != h:
                 problems.append(f"cache entry for block {b} is inconsistent")
+        if self.offload is not None:
+            problems += [f"offload tier: {p}" for p in self.offload.check()]
         return problems

@@ -35,18 +35,32 @@ log = logging.getLogger("slopilot.server")
 CUT_OFF_GRACE_S = 2.0
 
 
-def build_engine(args: EngineArgs | None = None,
-                 latency: StepTimeModel | None = None) -> tuple[LLMEngine, str]:
+def build_engine(args: EngineArgs | None = None, latency: StepTimeModel | None = None,
+                 kv_bytes_per_token: float | None = None) -> tuple[LLMEngine, str]:
     """(engine, default served model name). With a latency model the engine is emulated: no weights,
-    each step sleeps for the model's prediction, and the name is the model's `model` (if it has one)."""
+    each step sleeps for the model's prediction, and the name is the model's `model` (if it has one).
+    kv_bytes_per_token sizes an emulated engine's offload tier (default: from a preset model's shape)."""
     args = args or EngineArgs()
     if latency is None:
         return LLMEngine(args), args.model
     model_len = args.max_model_len or DEFAULT_MAX_MODEL_LEN
-    runner = EmulatedRunner(latency, num_kv_blocks=args.kv_blocks(model_len), block_size=args.block_size,
-                            max_model_len=model_len)
     name = getattr(latency, "model", None) or args.model
+    if kv_bytes_per_token is None:
+        kv_bytes_per_token = preset_kv_bytes_per_token(name, args.dtype)
+    runner = EmulatedRunner(latency, num_kv_blocks=args.kv_blocks(model_len), block_size=args.block_size,
+                            max_model_len=model_len, kv_bytes_per_token=kv_bytes_per_token,
+                            offload_bandwidth_gbs=args.kv_offloading_bandwidth)
     return LLMEngine(replace(args, model=name), runner=runner), name
+
+
+def preset_kv_bytes_per_token(model: str, dtype: str) -> float | None:
+    """K and V bytes per token of a preset model (None for any other name)."""
+    from engine.model import PRESETS
+
+    c = PRESETS.get(model)
+    if c is None:
+        return None
+    return 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * (4 if dtype == "float32" else 2)
 
 
 def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = None,
@@ -58,7 +72,7 @@ def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = No
     bm = engine.block_manager
     cache_info = {"block_size": bm.block_size, "num_gpu_blocks": bm.num_blocks, "cache_dtype": "auto",
                   "enable_prefix_caching": bm.enable_prefix_caching}
-    metrics = EngineMetrics(model_name, engine.max_model_len, cache_info)
+    metrics = EngineMetrics(model_name, engine.max_model_len, cache_info, offload=bm.offload is not None)
     metrics.update_gauges(engine)
     async_engine = AsyncEngine(engine, metrics)
     if kv_transfer is not None:

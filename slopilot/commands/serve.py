@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
     latency = None
     if args.emulate:
         from simulator.latency import load_latency_model
+        from simulator.pd_spec import model_kv_bytes_per_token
 
         latency = load_latency_model(args.emulate)
         engine_args = emulated_kv(engine_args, latency)
+        kv_bytes = model_kv_bytes_per_token(latency)
         if kv_transfer is not None and kv_transfer.kv_bytes_per_token is None:
-            from simulator.pd_spec import model_kv_bytes_per_token
-
-            kv_transfer.kv_bytes_per_token = model_kv_bytes_per_token(latency)
-    engine, name = build_engine(engine_args, latency)
+            kv_transfer.kv_bytes_per_token = kv_bytes
+    engine, name = build_engine(engine_args, latency, kv_bytes_per_token=kv_bytes if args.emulate else None)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
                        max_request_bytes=args.max_request_bytes, health_hold=args.health_hold,
