@@ -25,8 +25,10 @@ def _slo_cell(value: float | None, slo) -> Text:
 
 
 class Dashboard:
-    def __init__(self, loops, sources, title: str = "slopilot"):
-        self.loops, self.sources, self.title = loops, sources, title
+    def __init__(self, loops, sources, title: str = "slopilot", pools: list[str] | None = None):
+        """loops: each row's autoscaler loop (or a stand-in with name, target, spec None and last_step
+        None for a pool without one); pools: each row's pool name, shown first (a P/D fleet's two)."""
+        self.loops, self.sources, self.title, self.pools = loops, sources, title, pools
         self.started = time.time()
         self.views: dict[str, object] = {}
 
@@ -41,10 +43,11 @@ class Dashboard:
 
     def render(self) -> Group:
         table = Table(title=f"{self.title}  t={time.time() - self.started:.0f}s", expand=True)
-        for col in ("autoscaler", "desired", "ready", "starting", "req/s", "waiting", "KV", "TTFT p90",
-                    "TPOT p90", "last decision"):
+        first_cols = ("pool",) if self.pools else ()
+        for col in first_cols + ("autoscaler", "desired", "ready", "starting", "req/s", "waiting", "KV",
+                                 "TTFT p90", "TPOT p90", "last decision"):
             table.add_column(col, overflow="fold")
-        for lp in self.loops:
+        for i, lp in enumerate(self.loops):
             step, obs = lp.last_step, self.views.get(lp.name)
             current, ready = lp.target.replicas()
             starting = lp.target.starting() if hasattr(lp.target, "starting") else 0
@@ -53,7 +56,9 @@ class Dashboard:
             tpot = obs.tpot_p.get(90.0) if obs else None
             reason = "-" if step is None else step.decision.reason + (f" [scale failed: {step.error}]"
                                                                        if step.error else "")
-            table.add_row(lp.name, str(current), str(ready), str(starting),
+            first = (self.pools[i],) if self.pools else ()
+            name = lp.name if lp.spec is not None else "-"  # a pool without an autoscaler
+            table.add_row(*first, name, str(current), str(ready), str(starting),
                           _f(obs.arrival_rate if obs else None), _f(obs.num_waiting if obs else None, ".0f"),
                           _f(100 * obs.kv_usage if obs and obs.kv_usage is not None else None, ".0f") + "%",
                           _slo_cell(ttft, slos.get("ttft")), _slo_cell(tpot, slos.get("tpot")), reason)

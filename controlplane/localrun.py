@@ -42,7 +42,7 @@ class LocalRun:
                  with_load: bool = True, settings: ControllerArgs | None = None):
         """settings: the controller's (ControllerArgs; rate_window overrides its window); the state and
         the decision log go in `out` whatever they say."""
-        if config.autoscaler is None:
+        if config.autoscaler is None and config.pd is None:  # a P/D fleet's pools may each have one
             raise ValueError(f"{config.source}: autoscaler: a fleet run needs an autoscaler spec")
         self.cfg, self.out = config, Path(out)
         settings = settings or ControllerArgs()
@@ -124,9 +124,13 @@ class LocalRun:
         t.start()
         self._threads.append(t)
 
+    def fleets(self) -> list[LocalFleet]:
+        """Every fleet this run started (a P/D run: its two pools)."""
+        return [self.fleet] if self.fleet is not None else []
+
     def _merge_targets(self, path: Path, last: dict | None = None) -> dict:
-        """The fleet's scrape targets plus the router's, written to `path` when they change."""
-        targets = {**self.fleet.targets(),
+        """The fleets' scrape targets plus the router's, written to `path` when they change."""
+        targets = {**{a: labels for f in self.fleets() for a, labels in f.targets().items()},
                    self.router.url.split("://", 1)[1]: {"fleet": self.cfg.name, "replica": "router"}}
         if targets != last:
             write_file_sd(path, targets)
@@ -174,14 +178,18 @@ class LocalRun:
             t.join(timeout=30)
         if self.router is not None:
             self.router.stop()
-        if self.fleet is not None:
-            self.fleet.stop()
+        for fleet in self.fleets():
+            fleet.stop()
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.metrics_port is not None:
             self.telemetry.stop()
-        if self.loop is not None and self.loop.log is not None:
-            self.loop.log.close()
+        for lp in self.loops():
+            if lp.log is not None:
+                lp.log.close()
+
+    def loops(self) -> list[AutoscalerLoop]:
+        return [self.loop] if self.loop is not None else []
 
     def __enter__(self) -> LocalRun:
         try:
@@ -196,10 +204,13 @@ class LocalRun:
     # -- results ---------------------------------------------------------------------------------
     def scale_events(self) -> list[dict]:
         """Each change of the applied replica count, from the decision log."""
+        return self._events_from(self.out / "decisions.csv")
+
+    def _events_from(self, path: Path) -> list[dict]:
         import csv
 
         events, last = [], None
-        with open(self.out / "decisions.csv", newline="") as f:
+        with open(path, newline="") as f:
             for row in csv.DictReader(f):
                 applied = int(row["desired_replicas"]) if not row["scale_error"] else None
                 current = int(row["current_replicas"])

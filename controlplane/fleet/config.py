@@ -17,6 +17,9 @@
       arrivals: {piecewise: [[0, 1], [60, 8], [120, 1]]}
       output_tokens: 64
 
+A P/D fleet (a prefill pool and a decode pool, the router in P/D mode in front) has a `pd:` block in
+place of replicas/min_replicas/max_replicas/autoscaler: see controlplane.fleet.pd.
+
 Parsed by the one YAML loader and checked against controlplane.fleet.schema: every error names the
 file, line and field (`fleet.yaml:7: max_replicas: must be >= 1, got 0`). Relative paths are read from
 the FLEET.yaml's folder.
@@ -24,61 +27,25 @@ the FLEET.yaml's folder.
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.spec import Spec, load_spec
 from autoscaler.validation import check
-from autoscaler.yamlfile import Document, document, parse
+from autoscaler.yamlfile import Document, document
+from controlplane.fleet.fields import (  # noqa: F401 - FleetConfig, PDFleet: imported from here too
+    RESERVED,
+    FleetConfig,
+    PDFleet,
+    autoscaler_of,
+    check_engine_keys,
+    read,
+    router_of,
+    sizing,
+)
+from controlplane.fleet.pd import PD_RESERVED, with_pd_pools
 from controlplane.fleet.schema import FLEET
 from controlplane.loadgen import LoadSpec
-from controlplane.router.config import RouterConfig, load_router_config
-from controlplane.specs import read_text
 from simulator.latency import load_latency_model
-from simulator.scenario_limits import MAX_REPLICAS
 from simulator.scenario_schema import resolve
-
-RESERVED = {"host", "port", "emulate", "model", "drain_timeout"}  # serve flags the fleet sets itself
-
-
-@dataclass
-class FleetConfig:
-    name: str
-    emulate: str | None  # latency-model name or path (emulated replicas); exactly one of emulate/model
-    model: str | None  # preset name or model directory (real replicas)
-    engine: dict[str, str | int | float | bool] = field(default_factory=dict)
-    replicas: int = 1
-    min_replicas: int = 0
-    max_replicas: int = 1
-    drain_timeout: float = 30.0
-    start_timeout: float = 60.0
-    scrape_interval: float = 5.0
-    autoscaler: Spec | None = None  # the validated ScaledObject / InferenceAutoscaler
-    autoscaler_path: str | None = None  # its file, when it was given as one
-    load: LoadSpec | None = None
-    router: RouterConfig | None = None  # the router in front of the fleet, when asked for
-    source: str = "FLEET"  # the file it came from, for messages
-
-    def serve_args(self, port: int, host: str = "127.0.0.1") -> list[str]:
-        """The `slopilot serve` arguments of one replica on `port`."""
-        args = ["--emulate", self.emulate] if self.emulate else ["--model", self.model]
-        args += ["--host", host, "--port", str(port), "--drain-timeout", _fmt(self.drain_timeout)]
-        for key, value in self.engine.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                args.append(flag)
-            elif value is not False:
-                args += [flag, _fmt(value)]
-        return args
-
-
-def _fmt(v) -> str:
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-
-def _read(path: Path) -> Document:
-    return parse(read_text(path), str(path))  # size-checked before it is read
 
 
 def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | None = None,
@@ -95,20 +62,13 @@ def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | Non
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"fleet file not found: {path}")
-        doc, name, base_dir = _read(path), path.stem, base_dir or path.resolve().parent
+        doc, name, base_dir = read(path), path.stem, base_dir or path.resolve().parent
     base = base_dir or Path(".")
     if not isinstance(doc.data, dict):
         raise doc.error((), "a fleet file must be a mapping (name, emulate or model, replicas, ...)")
     check(FLEET, doc)
     d = doc.data
-    for key in d.get("engine", {}):
-        if key.replace("-", "_") in RESERVED:
-            raise doc.error(("engine", key), "is set by the fleet (see its top-level fields)")
-        if engine_flags is not None and key.replace("-", "_") not in engine_flags:
-            close = difflib.get_close_matches(key.replace("-", "_"), sorted(engine_flags), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            allowed = ", ".join(sorted(engine_flags - RESERVED))
-            raise doc.error(("engine", key), f"is not a `slopilot serve` flag{hint}; allowed: {allowed}")
+    check_engine_keys(doc, ("engine",), engine_flags, RESERVED | (PD_RESERVED if "pd" in d else set()))
 
     emulate, model = d.get("emulate"), d.get("model")
     if emulate and ("/" in emulate or emulate.endswith(".json")):
@@ -120,53 +80,23 @@ def load_fleet_config(source: str | Path | dict | Document, base_dir: Path | Non
             raise doc.error(("emulate",), str(exc)) from None
     if model and "/" in model:
         model = resolve(model, base)
-    spec, spec_path = _autoscaler(doc, base)
-
-    min_r = int(d.get("min_replicas", spec.min_replicas if spec else 0))
-    max_r = int(d.get("max_replicas", spec.max_replicas if spec else max(min_r, d.get("replicas", 1))))
-    if min_r > max_r:
-        raise doc.error(("min_replicas",), f"must be <= max_replicas ({max_r}), got {min_r}")
-    replicas = int(d.get("replicas", max(min_r, 1)))
-    for key, value in (("replicas", replicas), ("max_replicas", max_r)):
-        if value > MAX_REPLICAS:  # the scenarios' limit: one machine's fleet is far below it anyway
-            raise doc.error((key,), f"must be <= {MAX_REPLICAS}, got {value}")
-    if not min_r <= replicas <= max_r:
-        bounds = f"[min_replicas, max_replicas] = [{min_r}, {max_r}]"
-        raise doc.error(("replicas",), f"must be within {bounds}, got {replicas}")
     engine = dict(d.get("engine", {}))
     cfg = FleetConfig(name=d.get("name", name), emulate=emulate, model=model, engine=engine,
-                      replicas=replicas, min_replicas=min_r, max_replicas=max_r, autoscaler=spec,
-                      autoscaler_path=spec_path, source=doc.name or "FLEET")
+                      source=doc.name or "FLEET")
+    if "pd" in d:  # two pools, each with its own bounds and autoscaler
+        return with_pd_pools(finish(cfg, doc, base), doc, base, engine_flags)
+    cfg.autoscaler, cfg.autoscaler_path = autoscaler_of(doc, base)
+    cfg.replicas, cfg.min_replicas, cfg.max_replicas = sizing(doc, (), cfg.autoscaler)
+    return finish(cfg, doc, base)
+
+
+def finish(cfg: FleetConfig, doc: Document, base: Path) -> FleetConfig:
+    """The top-level fields every fleet shares: timeouts, load, router."""
+    d = doc.data
     for key in ("drain_timeout", "start_timeout", "scrape_interval"):
         if key in d:
             setattr(cfg, key, float(d[key]))
     if "load" in d:
         cfg.load = LoadSpec.parse(doc.at("load"))
-    cfg.router = _router(doc, base)
+    cfg.router = router_of(doc, base)
     return cfg
-
-
-def _router(doc: Document, base: Path) -> RouterConfig | None:
-    value = doc.data.get("router", False)
-    if value is False:
-        return None
-    if value is True:
-        return load_router_config(None)
-    if isinstance(value, dict):
-        return load_router_config(doc.at("router"))
-    path = Path(resolve(value, base))
-    if not path.is_file():
-        raise doc.error(("router",), f"no such router config file: {path}")
-    return load_router_config(path)
-
-
-def _autoscaler(doc: Document, base: Path) -> tuple[Spec | None, str | None]:
-    value = doc.data.get("autoscaler")
-    if value is None:
-        return None, None
-    if isinstance(value, dict):
-        return load_spec(doc.at("autoscaler")), None
-    path = Path(resolve(value, base))
-    if not path.is_file():
-        raise doc.error(("autoscaler",), f"no such spec file: {path}")
-    return load_spec(_read(path), path=str(path)), str(path)

@@ -56,15 +56,22 @@ def run_fleet(cfg, out: str, duration: float | None, with_load: bool, rate_windo
 
     from rich.live import Live
 
-    from controlplane.localrun import LocalRun
     from controlplane.logs import setup_logging
+    from controlplane.pdrun import make_run
 
     setup_logging("warning" if dashboard else "info")
-    run = LocalRun(cfg, out, rate_window=rate_window, with_load=with_load)
+    run = make_run(cfg, out, rate_window=rate_window, with_load=with_load)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: run.stopping.set())
-    print(f"starting {cfg.name}: {cfg.replicas} replica(s), Prometheus, the controller "
-          f"({cfg.autoscaler.kind} {cfg.autoscaler.name}); run folder {out}", file=sys.stderr, flush=True)
+    if cfg.pd is not None:
+        scaler = {p.name: p.autoscaler.name if p.autoscaler else "fixed" for p in cfg.pd.pools().values()}
+        pools = ", ".join(f"{p.name}: {p.replicas} replica(s) ({scaler[p.name]})"
+                          for p in cfg.pd.pools().values())
+        print(f"starting P/D fleet {cfg.name}: {pools}, the router in P/D mode (threshold {cfg.pd.threshold} "
+              f"uncached tokens), Prometheus; run folder {out}", file=sys.stderr, flush=True)
+    else:
+        print(f"starting {cfg.name}: {cfg.replicas} replica(s), Prometheus, the controller "
+              f"({cfg.autoscaler.kind} {cfg.autoscaler.name}); run folder {out}", file=sys.stderr, flush=True)
     if duration is None and (not with_load or cfg.load is None):
         print("no load and no --duration: runs until Ctrl-C", file=sys.stderr)
     with run:
@@ -82,6 +89,9 @@ def run_fleet(cfg, out: str, duration: float | None, with_load: bool, rate_windo
     summary = run.write_summary()
     print(run.final_frame or "")
     print(json.dumps({k: summary[k] for k in ("scale_events", "requests") if k in summary}, indent=2))
-    print(f"wrote {out}/decisions.csv, summary.json, dashboard.txt; replay with: slopilot replay "
-          f"--spec {out}/{summary['spec']} --metrics {out}/decisions.csv")
+    if "spec" in summary:
+        print(f"wrote {out}/decisions.csv, summary.json, dashboard.txt; replay with: slopilot replay "
+              f"--spec {out}/{summary['spec']} --metrics {out}/decisions.csv")
+    else:
+        print(f"wrote {out}/summary.json, dashboard.txt and each autoscaled pool's decisions-POOL.csv")
     return 0
