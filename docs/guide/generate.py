@@ -180,6 +180,17 @@ PLAN_MEANINGS = {
                         "or inline"),
     "policies[].latency_model": "the model an sloModel policy plans with (default: the candidate's)",
     "autoscale": "run the policies on every candidate (all) or on each deployment's cheapest engine setting",
+    "pd": "also search prefill/decode splits: the cheapest aggregated fleet and P/D split at each load "
+          "level",
+    "pd.threshold": "disaggregate a request when its prompt's uncached tokens exceed this (as in a scenario)",
+    "pd.kv_bytes_per_token": "the model's KV bytes a token (needed with a fitted latency model)",
+    "pd.link": "the KV transfer link between the pools",
+    "pd.link.bandwidth_gbs": "GB/s one transfer gets",
+    "pd.link.latency_ms": "the link's latency added to every transfer",
+    "pd.levels": "load levels to search at, as fractions of the peak (default 0.25, 0.5, 0.75, 1)",
+    "pd.prefill_deployment": "the deployment of the prefill pool (default: the first)",
+    "pd.decode_deployment": "the deployment of the decode pool and of the aggregated fleet (default: the "
+                            "first)",
     "search": "how the capacity search runs",
     "search.start_rate": "req/s a replica is tried at first",
     "search.step": "the rate grid's ratio minus 1: a replica's capacity is found to within this fraction",

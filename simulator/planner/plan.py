@@ -81,6 +81,7 @@ class Plan:
     policies: list[PlanPolicy]
     autoscale: str  # all | cheapest_per_deployment
     search: dict = field(default_factory=lambda: search_settings({}))
+    pd: dict | None = None  # the P:D search's section (simulator.planner.pd_plan), None: not asked
 
     @property
     def sim_duration(self) -> float:
@@ -131,7 +132,12 @@ def load_plan(source: str | Path | dict) -> Plan:
         policies=policies,
         autoscale=str(d.get("autoscale", "cheapest_per_deployment")),
         search=search_settings(d.get("search", {})),
+        pd=d.get("pd"),
     )
+    for key in ("prefill_deployment", "decode_deployment"):
+        if plan.pd and key in plan.pd and plan.pd[key] not in [x.name for x in deployments]:
+            raise doc.error(("pd", key), f"no deployment named {plan.pd[key]!r} "
+                            f"(deployments: {', '.join(x.name for x in deployments)})")
     _check_as_scenarios(plan, doc)
     return plan
 

@@ -8,6 +8,7 @@ engine fields). Defaults live in simulator.planner.plan, next to the code that r
 
 from __future__ import annotations
 
+from simulator.pd_spec import PD_SCHEMA
 from simulator.scenario_limits import MAX_DURATION, MAX_NUM_SEQS, MAX_REPLICAS
 from simulator.scenario_schema import (
     COUNT0,
@@ -56,6 +57,16 @@ POLICY = mapping(
     ("name", "spec"),
 )
 
+# the P:D search (simulator.planner.pd_plan): the scenario's pd section without the pool names, the load
+# levels (fractions of the peak) and a deployment per role
+PD = mapping({
+    **{k: v for k, v in PD_SCHEMA["properties"].items() if k not in ("prefill_pool", "decode_pool")},
+    "levels": {"type": "array", "minItems": 1, "maxItems": 16,
+               "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+    "prefill_deployment": STR,
+    "decode_deployment": STR,
+}, ("link",))
+
 PLAN = mapping(
     {
         "name": STR,
@@ -76,6 +87,7 @@ PLAN = mapping(
         }),
         "policies": {"type": "array", "maxItems": 32, "items": POLICY},
         "autoscale": {"enum": ["all", "cheapest_per_deployment"]},
+        "pd": PD,
         "search": mapping({
             "start_rate": at_most(POS, 1e4),  # req/s a replica is tried at first
             "step": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.05},

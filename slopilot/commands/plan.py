@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         show = False if args.no_progress else True if sys.stderr.isatty() else "lines"
         with SweepProgress(show) as progress:
             result = run_plan(plan, runner, progress)
+            pd = run_pd(plan, result, runner, progress) if plan.pd else None
     finally:
         runner.close()
     note = derived_error_note([c.deployment.pool["latency_model"] for c in plan.candidates])
@@ -65,5 +66,34 @@ def run(args: argparse.Namespace) -> int:
               f"{money(o['cost_per_day'], cur):>16s}/day  {att:>8s}  {'met' if o['met'] else 'MISSED'}")
     for bad in result.get("invalid", []):
         print(f"invalid: {bad['candidate']} {bad['policy']}: {bad['reason']}")
+    if pd is not None:
+        written += write_pd(pd, result["currency"], Path(args.out))
     print(f"wrote {args.out}/" + ", ".join(written) + " and scenarios/")
     return 1 if args.fail_on_slo_miss and not result["answer"]["met"] else 0
+
+
+def run_pd(plan, result: dict, runner, progress) -> dict:
+    """The P:D search (simulator.planner.pd_plan) at the plan's load levels; prints its table."""
+    from simulator.planner.pd_plan import check, pd_plan_task, role_candidates, table
+    from simulator.planner.sweep import drive
+
+    check(plan)
+    _, dec = role_candidates(plan)
+    entry = next(e for e in result["candidates"] if e["name"] == dec.name)
+    guess = entry["capacity"]["rps"] or plan.search["start_rate"]
+    if progress is not None:
+        progress.stage("aggregated and P/D fleets at each load level")
+    pd = drive({"pd": pd_plan_task(plan, result["workload"]["peak_rps"], guess)}, runner, progress)["pd"]
+    print(table(pd, result["currency"]))
+    return pd
+
+
+def write_pd(pd: dict, currency: str, out) -> list[str]:
+    import json
+
+    from simulator.planner.pd_plan import table
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pd.json").write_text(json.dumps(pd, indent=2, sort_keys=True) + "\n")
+    (out / "pd.md").write_text(table(pd, currency) + "\n")
+    return ["pd.json", "pd.md"]
