@@ -25,15 +25,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from autoscaler.yamlfile import Document
-from engine.core.block_hash import block_hashes
-from engine.core.block_manager import BlockManager, cdiv
-from engine.core.sequence import Sequence
+from engine.core.block_manager import BlockManager
 from simulator.pd_spec import model_kv_bytes_per_token
 from simulator.steptime import PS
 
 GIB = 2**30
 MAX_OFFLOAD_BLOCKS = 4_000_000  # a replica's tier, in blocks (its LRU is one dict entry a block)
-OFFLOADED = -1  # in a prefix hit's block list: a block to load from the tier (no device block yet)
 
 _POS = {"type": "number", "exclusiveMinimum": 0}
 OFFLOAD_SCHEMA = {
@@ -176,68 +173,13 @@ class SimTier:
 
 
 class TieredBlockManager(BlockManager):
-    """The engine's block manager with a SimTier as its offload tier: a block evicted from device
-    memory is stored in the tier; a prefix hit may run on from device blocks into tier blocks
-    (OFFLOADED in the hit list), which admission gives fresh device blocks, loads and registers."""
+    """The engine's own block manager (engine.core.block_manager: its offload hook stores evicted
+    blocks, runs prefix lookups on into the tier, pins, loads and re-registers them) over a SimTier:
+    what the simulated replica keeps is what a live engine with the same tier keeps."""
 
     def __init__(self, num_blocks: int, block_size: int, offload_blocks: int):
         super().__init__(num_blocks, block_size, True)
         self.offload = SimTier(offload_blocks)
-        self.offload_hits = 0  # tokens loaded from the tier at admission
-
-    def _evict(self, block: int) -> None:
-        h = self.block_hash.get(block)
-        super()._evict(block)
-        if h is not None:
-            self.offload.store([(block, h)])
-
-    def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        blocks, hashes = [], []
-        for h in block_hashes(seq.token_ids, self.block_size, 0, (len(seq) - 1) // self.block_size):
-            block = self.cached.get(h)
-            if block is None:
-                if h not in self.offload:
-                    break
-                block = OFFLOADED
-            blocks.append(block)
-            hashes.append(h)
-        return blocks, hashes
-
-    def can_admit(self, seq: Sequence, hit_blocks: list[int], num_new_tokens: int) -> bool:
-        device = [b for b in hit_blocks if b != OFFLOADED]
-        need = cdiv(len(hit_blocks) * self.block_size + num_new_tokens, self.block_size) - len(device)
-        reclaimed = sum(1 for b in device if self.allocator.is_free(b))
-        return need <= self.allocator.num_free - reclaimed
-
-    def admit(self, seq: Sequence, hit_blocks: list[int], hit_hashes: list[int]) -> None:
-        load = [i for i, b in enumerate(hit_blocks) if b == OFFLOADED]
-        if not load:
-            return super().admit(seq, hit_blocks, hit_hashes)
-        for b in hit_blocks:  # the device part first: allocating below must not evict it
-            if b == OFFLOADED:
-                continue
-            if self.allocator.is_free(b):
-                self.allocator.take(b)
-            else:
-                self.allocator.incref(b)
-        loaded = [hit_hashes[i] for i in load]
-        self.offload.pin(loaded)  # the stores the allocation makes must not drop them
-        fresh = self.allocate_blocks(len(load))
-        if fresh is None:
-            self.offload.unpin(loaded)
-            raise RuntimeError("offload tier: admission without room for the loaded blocks")
-        self.offload.load(loaded, fresh)
-        table = list(hit_blocks)
-        for i, b in zip(load, fresh):
-            table[i] = b
-            self.register(b, hit_hashes[i])
-        seq.block_table = table
-        seq.block_hashes = list(hit_hashes)
-        seq.num_computed_tokens = len(hit_blocks) * self.block_size
-        seq.num_cached_tokens = seq.num_computed_tokens
-        self.prefix_cache_queries += len(seq)
-        self.prefix_cache_hits += (len(hit_blocks) - len(load)) * self.block_size  # device hits only
-        self.offload_hits += len(load) * self.block_size
 
 
 def tier_summary(pool) -> dict:

@@ -5,10 +5,11 @@ loads: higher hit rate, fewer prompt tokens computed, the copies paid in the ste
 import numpy as np
 import pytest
 
+from engine.core.block_manager import OFFLOADED
 from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 from simulator.fleet import Fleet
-from simulator.kvtier import GIB, OFFLOADED, TieredBlockManager
+from simulator.kvtier import GIB, TieredBlockManager
 from simulator.report import summarize
 from simulator.scenario import load_scenario
 from simulator.steptime import AffineStepModel
