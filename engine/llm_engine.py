@@ -69,6 +69,7 @@ class LLMEngine:
         # (`slopilot profile --from-run` calibrates the simulator on these)
         self.step_log: list[tuple[BatchShape, float]] | None = None
         self.failed_alone = 0  # requests that failed alone since the runner last succeeded
+        self.kv_events = None  # an engine.kv_events.KVEvents: one batch of KV events a step
 
     @property
     def max_model_len(self) -> int:
@@ -113,6 +114,8 @@ class LLMEngine:
             self.runner.release(seq.request_id)
         if shape is not None:
             self.step_log.append((shape, self.clock() - started))
+        if self.kv_events is not None:
+            self.kv_events.flush()
         return advanced
 
     def _execute(self, seqs: list[Sequence], num_new_tokens: list[int]

@@ -59,7 +59,8 @@ def weighted(router, replicas, hashes, session) -> int:
     keep = below_thresholds(replicas, router.kv_threshold, router.queue_threshold)
     cand_idx = keep or list(range(len(replicas)))
     cands = [replicas[i] for i in cand_idx]
-    ctx = {"match": lambda r: router.index.match(r.id, hashes) / len(hashes) if hashes else 0.0}
+    ctx = {"match": lambda r: router.index.match(r.id, hashes) / len(hashes) if hashes else 0.0,
+           "hashes": hashes, "kv_index": router.kv_index}
     if router.sessions is not None and session is not None:
         ctx["session"] = router.sessions.get(session)
     total = [0.0] * len(cands)

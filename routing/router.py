@@ -63,6 +63,7 @@ class Router:
         uses_session = any(s.uses_session for s in scorers)
         self.sessions: OrderedDict[str, int] | None = OrderedDict() if uses_session else None
         self._turn = 0
+        self.kv_index = None  # routing.kv_index.KVBlockIndex for the precise scorer, fed by its owner
 
     def _tie(self, candidates: list[int]) -> int:
         if self.ties == "random" and len(candidates) > 1:
@@ -106,3 +107,5 @@ class Router:
         """A replica went away: its cached prefixes went with it."""
         if self.index is not None:
             self.index.forget(replica_id)
+        if self.kv_index is not None:
+            self.kv_index.forget(replica_id)

@@ -16,6 +16,8 @@ import simpy
 
 from engine.core.scheduler import RequestRejected
 from routing.flow import GatewayQueue, pump
+from routing.kv_index import KVBlockIndex
+from routing.precise import IndexFeed, uses_index
 from routing.router import Router
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
@@ -90,7 +92,11 @@ class Fleet:
             r["prefix_lru_blocks"],
             kv_threshold=r["kv_threshold"],
             queue_threshold=r["queue_threshold"],
+            # the precise scorer looks up the replicas' own cache keys: hashes over their block size
+            block_tokens=scenario.pools[0].block_size if uses_index(r["weights"]) else 64,
         )
+        if uses_index(r["weights"]):  # fed by the replicas' block managers (_new_replica)
+            self.router.kv_index = KVBlockIndex(scenario.pools[0].block_size)
         fc = r.get("flow_control")
         self.flow = GatewayQueue(fc["bands"]) if fc else None  # the gateway queue, when the router has one
         if fc:
@@ -127,6 +133,8 @@ class Fleet:
     # -- replicas ------------------------------------------------------------------------------
     def _new_replica(self, pool: Pool, immediate: bool = False) -> Replica:
         rep = Replica(self.env, self._next_rid, pool, pool.timer, self, fast=self.fast)
+        if self.router.kv_index is not None:
+            IndexFeed(self.router.kv_index, rep.id).attach(rep.bm)
         self._next_rid += 1
         pool.replicas.append(rep)
         delay = 0.0 if immediate else float(pool.spec.provisioning_delay.sample(self.rng_startup, 1)[0])

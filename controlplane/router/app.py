@@ -31,6 +31,7 @@ from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pd import PDSettings, PrefillHop
 from controlplane.router.pool import Pool
+from controlplane.router.precise import kv_feed
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
 from controlplane.router.proxy import error_body, forward, forward_headers
 from controlplane.router.upstream import Upstream, UpstreamError
@@ -52,6 +53,7 @@ class RouterState:
         self.pool = Pool(cfg, discover, self.metrics)
         self.gate = Gate(cfg, self.pool, self.metrics)
         uses_prefix = self.gate.router.uses_prefix
+        self.kv_events = kv_feed(cfg, self.gate.router)  # the precise scorer's KV event subscriber
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models
@@ -88,6 +90,8 @@ class RouterApp:
                 log.exception("the first prefill endpoint refresh failed")
             self._prefill_task = asyncio.create_task(st.pd.pool.supervise(st.upstream, self._stop))
         st.batch.start()
+        if st.kv_events is not None:
+            st.kv_events.start()
 
     async def shutdown(self) -> None:
         self._stop.set()
@@ -96,6 +100,8 @@ class RouterApp:
         if self._prefill_task is not None:
             await self._prefill_task
         self.st.upstream.close()
+        if self.st.kv_events is not None:
+            self.st.kv_events.close()
 
     # -- requests --------------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:

@@ -42,9 +42,11 @@ from pathlib import Path
 
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
+from controlplane.router.precise import precise_params
 from controlplane.specs import read_text
 from routing.flow import Band
 from routing.pickers import PICKERS
+from routing.precise import PLUGIN_TYPE as PRECISE_TYPE
 from routing.scorers import SCORER_PLUGINS
 from simulator.scenario_schema import mapping
 
@@ -139,6 +141,8 @@ class RouterConfig:
     total_timeout: float = 600.0  # the whole answer (a stream's last chunk) by then, else cut off
     route_timeouts: dict[str, tuple[float, float]] = field(default_factory=dict)  # path -> both
     source: str = "ROUTER"
+    kv_events_endpoint: str | None = None  # the precise scorer's SUB socket (controlplane.router.precise)
+    kv_medium_weights: dict[str, float] | None = None
 
     def prefix_block(self) -> int:
         return self.block_size or (16 if self.tokenizer else 64)
@@ -190,6 +194,8 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
         cfg.weights[scorer_types()[p["type"]]] = float(ref.get("weight", 1))
         if p["type"] == "prefix-cache-scorer":
             _prefix_params(doc, where, params, cfg)
+        elif p["type"] == PRECISE_TYPE:
+            _prefix_params(doc, where, precise_params(doc, where, params, cfg), cfg)
         elif p["type"] == "session-affinity-scorer":
             cfg.session_header = str(params.get("header", cfg.session_header)).lower()
     if len(pickers) > 1:

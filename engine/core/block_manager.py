@@ -37,6 +37,9 @@ class BlockManager:
         self.offload = None
         self.offload_queries = 0  # tokens looked up in the tier (those the device cache missed)
         self.offload_hits = 0  # tokens found there and loaded
+        # told of every block that becomes findable or stops being so (engine.kv_events publishes them
+        # as vLLM's KV events): stored(hashes, parent hash or None, token ids), removed(hashes)
+        self.listener = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -88,6 +91,11 @@ class BlockManager:
         restored = [i for i, b in enumerate(table) if b == OFFLOADED]
         if restored:
             self._restore(table, restored, [hit_hashes[i] for i in restored])
+            if self.listener is not None:  # back on the device
+                bs = self.block_size
+                for i in restored:
+                    self.listener.stored([hit_hashes[i]], hit_hashes[i - 1] if i else None,
+                                         seq.token_ids[i * bs:(i + 1) * bs])
         seq.block_table = table
         seq.block_hashes = list(hit_hashes)
         seq.num_computed_tokens = len(hit_blocks) * self.block_size
@@ -136,6 +144,8 @@ class BlockManager:
             if h is not None and self.cached.get(h) == block:
                 del self.cached[h]
                 evicted.append((block, h))
+        if evicted and self.listener is not None:
+            self.listener.removed([h for _, h in evicted])
         if evicted and self.offload is not None:
             self.offload.store(evicted)
 
@@ -154,6 +164,10 @@ class BlockManager:
             if h not in self.cached and block not in self.block_hash:
                 self.cached[h] = block
                 self.block_hash[block] = h
+                if self.listener is not None:
+                    bs = self.block_size
+                    self.listener.stored([h], seq.block_hashes[i - 1] if i else None,
+                                         seq.token_ids[i * bs:(i + 1) * bs])
 
     def free(self, seq: Sequence) -> None:
         """Releases seq's blocks, last block first so it is evicted first."""

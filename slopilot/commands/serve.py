@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help='a prefill/decode role, as vLLM takes it: {"kv_connector": "TcpConnector", '
                         '"kv_role": "kv_producer"|"kv_consumer"|"kv_both"} (optional kv_ip, kv_port, '
                         'kv_connector_extra_config.lease_timeout_s)')
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help='publish KV cache events as vLLM does: {"enable_kv_cache_events": true, "publisher": '
+                        '"zmq", "endpoint": "tcp://*:5557"} (optional replay_endpoint, topic, buffer_steps, '
+                        'hwm, max_queue_size)')
     add_cli_args(p, real_only="real mode only")
 
 
@@ -99,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         from engine.kv_transfer import parse_kv_transfer_config
 
         kv_transfer = parse_kv_transfer_config(args.kv_transfer_config)
+    kv_events = None
+    if args.kv_events_config is not None:
+        from engine.kv_events import parse_kv_events_config
+
+        kv_events = parse_kv_events_config(args.kv_events_config)
     latency = None
     if args.emulate:
         from simulator.latency import load_latency_model
@@ -110,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
         if kv_transfer is not None and kv_transfer.kv_bytes_per_token is None:
             kv_transfer.kv_bytes_per_token = kv_bytes
     engine, name = build_engine(engine_args, latency, kv_bytes_per_token=kv_bytes if args.emulate else None)
+    if kv_events is not None and kv_events.enabled:
+        from engine.kv_events import KVEvents
+
+        KVEvents(engine, kv_events)
     app = build_server(engine, args.served_model_name or name, api_key=args.api_key,
                        protect_metrics=args.protect_metrics, max_waiting=args.max_waiting,
                        max_request_bytes=args.max_request_bytes, health_hold=args.health_hold,

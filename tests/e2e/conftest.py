@@ -216,7 +216,7 @@ VLLM_START_TIMEOUT = 420.0  # about 40 s on an idle machine; several minutes on 
 class VllmServer:
     """`vllm serve build/random-llama` from .venv-vllm on a free port, in its own process group."""
 
-    def __init__(self):
+    def __init__(self, *extra_args: str, log_name: str = "vllm-serve.log"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cache = ROOT / "build" / "vllm-cache"
@@ -234,8 +234,8 @@ class VllmServer:
                "--max-num-seqs", str(VLLM_SETTINGS["max_num_seqs"]),
                "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"]),
                # the second name lets the fidelity driver shared with the tiny-server test address it
-               "--served-model-name", VLLM_MODEL, "tiny"]
-        self.log = open(ROOT / "build" / "vllm-serve.log", "w+b")  # kept after the session, to read
+               "--served-model-name", VLLM_MODEL, "tiny", *extra_args]
+        self.log = open(ROOT / "build" / log_name, "w+b")  # kept after the session, to read
         # its own process group (its engine and worker processes are stopped with it), but not its own
         # session: Linux shares the CPU fairly between sessions (autogroups), so a server in a session
         # of its own, whose engine core spins on the shared core while the worker steps, starves the
@@ -276,13 +276,17 @@ class VllmServer:
         self.proc.wait()
 
 
-@pytest.fixture(scope="session")
-def vllm_server():
-    """One ready VllmServer for the session (about 3 GB of memory: one at a time), stopped at the end."""
+def skip_without_vllm() -> None:
     if not (VLLM_VENV / ".installed").exists():  # written last by `make vllm`: a failed build skips
         pytest.skip(f"{VLLM_VENV.name} does not exist or is incomplete (`make vllm` builds it)")
     if not (VLLM_MODEL_DIR / "config.json").exists():
         pytest.skip(f"no model in {VLLM_MODEL_DIR} (`make vllm` writes it)")
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One ready VllmServer for the session (about 3 GB of memory: one at a time), stopped at the end."""
+    skip_without_vllm()
     server = VllmServer()
     try:
         server.wait_ready()

@@ -1,0 +1,54 @@
+"""The live router's precise prefix scorer: its EndpointPickerConfig parameters and its KV event feed.
+
+    - type: precise-prefix-cache-scorer
+      parameters: {blockSize: 16, tokenizer: byte, zmqEndpoint: "tcp://127.0.0.1:5557",
+                   mediumWeights: {GPU: 1.0, CPU: 0.8}}
+
+The router binds a SUB socket on zmqEndpoint; each engine publishes to it (`serve` or `vllm serve`
+with `--kv-events-config '{"enable_kv_cache_events": true, "endpoint": "tcp://ROUTER:5557", "topic":
+"kv@HOST:PORT@MODEL"}'`), its topic naming the endpoint the router reaches it at (llm-d's
+convention). blockSize and tokenizer must give the engines' own block hashes (the prefix scorer's
+parameters, shared); blocks of another size are ignored and counted.
+"""
+
+from __future__ import annotations
+
+from autoscaler.yamlfile import Document
+from routing.kv_index import DEFAULT_MEDIUM_WEIGHTS, KVBlockIndex
+from routing.kv_subscriber import KVEventSubscriber, llmd_topic_key
+from routing.precise import uses_index
+
+DEFAULT_ZMQ_ENDPOINT = "tcp://*:5557"  # llm-d's default for its KV events indexer
+OWN_PARAMS = ("zmqEndpoint", "mediumWeights")
+
+
+def precise_params(doc: Document, where: tuple, params: dict, cfg) -> dict:
+    """Reads the scorer's own parameters into cfg; returns the rest (the prefix scorer's)."""
+    ep = params.get("zmqEndpoint", DEFAULT_ZMQ_ENDPOINT)
+    if not isinstance(ep, str) or not ep.startswith(("tcp://", "ipc://", "inproc://")):
+        raise doc.error((*where, "zmqEndpoint"), f"must be a ZMQ address such as tcp://*:5557, got {ep!r}")
+    weights = params.get("mediumWeights", DEFAULT_MEDIUM_WEIGHTS)
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+            for k, v in weights.items()):
+        raise doc.error((*where, "mediumWeights"),
+                        "must map medium names (GPU, CPU, ...) to weights in [0, 1]")
+    cfg.kv_events_endpoint, cfg.kv_medium_weights = ep, {k: float(v) for k, v in weights.items()}
+    return {k: v for k, v in params.items() if k not in OWN_PARAMS}
+
+
+def endpoint_key(topic: str) -> str:
+    """A topic's endpoint as the router's pool names it: kv@127.0.0.1:8001@tiny -> http://127.0.0.1:8001."""
+    key = llmd_topic_key(topic)
+    return (key if "://" in key else "http://" + key).rstrip("/")
+
+
+def kv_feed(cfg, router) -> KVEventSubscriber | None:
+    """The index the router's precise scorer reads and the subscriber that fills it (started by the
+    caller), or None when the scorer is not in use. ValueError when the socket cannot be bound."""
+    if not uses_index(router.weights):
+        return None
+    router.kv_index = KVBlockIndex(cfg.prefix_block(), cfg.kv_medium_weights)
+    sub = KVEventSubscriber(router.kv_index, key_for_topic=endpoint_key)
+    sub.bind(cfg.kv_events_endpoint or DEFAULT_ZMQ_ENDPOINT)
+    return sub
