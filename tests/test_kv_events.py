@@ -110,6 +110,35 @@ def test_engine_events_round_trip_into_the_index(llm):
         sub.close()
 
 
+def test_offload_tier_blocks_are_published_under_their_medium(llm):
+    from engine import SamplingParams
+    from engine.kv_offload import build_tier
+
+    bm, runner = llm.engine.block_manager, llm.engine.runner
+    bm.offload = build_tier(40 * runner.kv_block_bytes / 2**30, runner)  # 40 host-memory blocks
+    port = free_port()
+    sub = KVEventSubscriber(KVBlockIndex(block_size=16))
+    sub.connect("e", f"tcp://127.0.0.1:{port}")
+    sub.start()
+    events = KVEvents(llm.engine, parse_kv_events_config(
+        {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}".replace("127.0.0.1", "*")}))
+    try:
+        time.sleep(0.3)
+        params = SamplingParams(temperature=0, max_tokens=4)
+        prompts = [[1 + (i * 7 + j) % 200 for j in range(40 + 9 * i)] for i in range(10)]
+        llm.generate(prompts, params)
+        llm.generate(prompts, params)  # the early ones come back from the tier
+        assert bm.offload_hits > 0 and len(bm.offload.index) > 0
+        wait_for(sub, lambda: sub.last_seq.get("e") == events.publisher._seq - 1)
+        media = sub.index._eps["e"].media
+        assert {k for k, m in media.items() if "GPU" in m} == set(bm.cached)
+        assert {k for k, m in media.items() if "CPU" in m} == set(bm.offload.index.hashes())
+        assert sub.index.orphans == 0 and sub.stats.gaps == 0
+    finally:
+        events.close()
+        sub.close()
+
+
 def stored_batch(hashes: list[int], parent=None) -> EventBatch:
     return EventBatch(0.0, [BlockStored(hashes, parent, [0] * 16 * len(hashes), 16)])
 
