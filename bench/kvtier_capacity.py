@@ -24,10 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from autoscaler.yamlfile import parse  # noqa: E402
 from routing.scorers import SCORER_PLUGINS  # noqa: E402
+from simulator.fleet import Fleet  # noqa: E402, F401  (its import registers the precise scorer)
 from simulator.latency import load_latency_model  # noqa: E402
 from simulator.planner.replay_sizing import fewest_replicas  # noqa: E402
 
-PRECISE = "precise_prefix"
+PRECISE = "precise_prefix"  # routing.precise's scorer
 
 
 def variants(data: dict, precise: bool) -> dict[str, dict]:
