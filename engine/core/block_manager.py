@@ -121,8 +121,7 @@ class BlockManager:
         tier.load(hashes, blocks)
         for i, b, h in zip(where, blocks, hashes):
             table[i] = b
-            self.cached[h] = b
-            self.block_hash[b] = h
+            self.register(b, h)  # findable on the device again (the one place a filled block joins)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grows seq's block table to hold num_new_tokens more tokens; all or nothing."""
