@@ -252,3 +252,30 @@ def test_serve_rejects_a_bad_kv_events_config_with_exit_2():
     assert r.returncode == 2, r.stderr
     assert "--kv-events-config: publisher must be 'zmq' or 'null'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def precise_config(params: dict) -> dict:
+    return {"kind": "EndpointPickerConfig", "plugins": [
+        {"type": "precise-prefix-cache-scorer", "parameters": params}, {"type": "max-score-picker"}]}
+
+
+def test_router_config_selects_the_precise_scorer_and_checks_its_parameters():
+    from controlplane.router.config import load_router_config
+    from controlplane.router.precise import endpoint_key, kv_feed
+    from routing.router import Router
+
+    params = {"blockSize": 16, "tokenizer": "byte", "mediumWeights": {"CPU": 0.5}, "zmqEndpoint": "tcp://127.0.0.1:0"}
+    cfg = load_router_config(precise_config(params))
+    assert cfg.weights == {"precise_prefix": 1.0} and cfg.prefix_block() == 16
+    assert cfg.kv_events_endpoint == "tcp://127.0.0.1:0" and cfg.kv_medium_weights == {"CPU": 0.5}
+    router = Router(cfg.policy, cfg.weights, block_tokens=cfg.prefix_block())
+    sub = kv_feed(cfg, router)
+    try:
+        assert router.kv_index is sub.index and router.uses_prefix
+    finally:
+        sub.close()
+    assert endpoint_key("kv@127.0.0.1:8001@tiny") == "http://127.0.0.1:8001"
+    for params, field in (({"zmqEndpoint": "localhost:1"}, "zmqEndpoint"),
+                          ({"mediumWeights": {"CPU": 2}}, "mediumWeights"), ({"lru": 1}, "lru")):
+        with pytest.raises(ValueError, match=field):
+            load_router_config(precise_config(params))
