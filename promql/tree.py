@@ -35,6 +35,11 @@ def walk(node):
         yield from walk(c)
 
 
+def metric_names(node) -> set[str]:
+    """The metric names a query's selectors name (`__name__="..."`)."""
+    return {n.name for n in walk(node) if isinstance(n, Selector) and n.name is not None}
+
+
 def lookbehind(node, lookback: int) -> int:
     """How far before the evaluation time (ms) a query reads samples: what a store must keep."""
     if getattr(node, "at", None) is not None:

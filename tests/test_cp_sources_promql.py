@@ -1,23 +1,24 @@
-"""The PromQL subset of the scrape source: Prometheus' rate extrapolation, histogram_quantile and
-aggregation semantics, table-tested; the parser's supported shapes and its clear refusals."""
+"""The PromQL the scrape source answers, with the one evaluator (promql): Prometheus' rate
+extrapolation, histogram_quantile and aggregation semantics, table-tested in seconds as the source
+stores them; the queries a live source refuses, with a reason."""
 
 import math
 
 import numpy as np
 import pytest
 
-from controlplane.sources.promql import (
-    Selector,
-    Unsupported,
-    bucket_quantile,
-    duration_seconds,
-    extrapolated_rate,
-    parse,
-    query,
-)
+from controlplane.sources.scrape import ScrapeSource
+from promql import Evaluator, MemoryStorage, PromQLError, compile_query, labels_of
+from promql.functions import bucket_quantile
+from promql.functions import extrapolated_rate as rate_ms
 from simulator.metrics import extrapolated_increase
 
 INF = math.inf
+
+
+def extrapolated_rate(ts, vs, start, end, is_rate):
+    """promql's rate/increase of a counter, with times in seconds."""
+    return rate_ms([t * 1000 for t in ts], vs, start * 1000, end * 1000, True, is_rate)
 
 
 @pytest.mark.parametrize("ts, vs, start, end, want_increase", [
@@ -89,55 +90,40 @@ def test_bucket_quantile_needs_the_inf_bucket_and_two_buckets():
     assert bucket_quantile(0.5, [(0.1, 5), (0.1, 5), (INF, 20)]) == pytest.approx(0.1)
 
 
-def test_durations():
-    assert duration_seconds("30s") == 30
-    assert duration_seconds("1m30s") == 90
-    assert duration_seconds("500ms") == 0.5
-    with pytest.raises(ValueError):
-        duration_seconds("30")
-
-
 @pytest.mark.parametrize("text, message", [
-    ("max_over_time(x[1m])", "max_over_time() is not answered without Prometheus"),
-    ("x > 3", "cannot parse"),
-    ("x[5m]", "needs rate() or increase()"),
-    ("sum(x", "expected )"),
-    ("topk(3, x)", "topk() is not answered"),
+    ("x[5m]", "is a range vector"),
+    ("sum(x", "does not parse"),
+    ("x @ 100", "the @ modifier"),
 ])
-def test_unsupported_queries_are_refused_with_a_reason(text, message):
-    with pytest.raises(Unsupported, match=message.replace("(", r"\(").replace(")", r"\)")):
-        parse(text)
+def test_queries_a_live_source_cannot_answer_are_refused_with_a_reason(text, message):
+    src = ScrapeSource([])
+    with pytest.raises(PromQLError, match=message):
+        src.compile(text)
 
 
-class FakeStore:
-    """Two engines; counters sampled every 10 s over [0, 60]."""
+def fake_store() -> MemoryStorage:
+    """Two engines; counters sampled every 10 s over [0, 60]; gauges sampled at 60."""
+    store = MemoryStorage()
+    for labels, v in (({"__name__": "w", "instance": "a", "model_name": "m"}, 3.0),
+                      ({"__name__": "w", "instance": "b", "model_name": "m"}, 5.0),
+                      ({"__name__": "w", "instance": "c", "model_name": "other"}, 100.0)):
+        store.append(labels_of(labels), 60_000, v)
+    ts = [0, 10, 20, 30, 40, 50, 60]
+    series = [({"__name__": "c_total", "instance": "a"}, [10 * t for t in ts]),
+              ({"__name__": "c_total", "instance": "b"}, [2 * t for t in ts])]
+    for inst, cumulative in (("a", [1, 2, 2]), ("b", [0, 1, 1])):  # observations per second
+        for le, rate in zip(("0.1", "1", "+Inf"), cumulative):
+            labels = {"__name__": "h_bucket", "instance": inst, "le": le}
+            series.append((labels, [float(rate) * t for t in ts]))
+    for labels, vs in series:
+        for t, v in zip(ts, vs):
+            store.append(labels_of(labels), t * 1000, float(v))
+    return store
 
-    def __init__(self):
-        self.gauges = [
-            ({"__name__": "w", "instance": "a", "model_name": "m"}, 3.0),
-            ({"__name__": "w", "instance": "b", "model_name": "m"}, 5.0),
-            ({"__name__": "w", "instance": "c", "model_name": "other"}, 100.0),
-        ]
-        ts = [0, 10, 20, 30, 40, 50, 60]
-        self.series = [
-            ({"__name__": "c_total", "instance": "a"}, ts, [10 * t for t in ts]),
-            ({"__name__": "c_total", "instance": "b"}, ts, [2 * t for t in ts]),
-        ]
-        for inst, cumulative in (("a", [1, 2, 2]), ("b", [0, 1, 1])):  # observations per second
-            for le, rate in zip(("0.1", "1", "+Inf"), cumulative):
-                self.series.append(({"__name__": "h_bucket", "instance": inst, "le": le}, ts,
-                                    [float(rate) * t for t in ts]))
 
-    def instant(self, sel: Selector, at: float):
-        return [(lb, v) for lb, v in self.gauges if lb["__name__"] == sel.name and sel.matches(lb)]
-
-    def range(self, sel: Selector, start: float, end: float):
-        out = []
-        for lb, ts, vs in self.series:
-            if lb["__name__"] == sel.name and sel.matches(lb):
-                keep = [(t, v) for t, v in zip(ts, vs) if start <= t <= end]
-                out.append((lb, [t for t, _ in keep], [v for _, v in keep]))
-        return out
+def query(text: str, store: MemoryStorage, at: float) -> list[tuple[dict, float]]:
+    out = Evaluator(store).eval(compile_query(text), round(at * 1000))
+    return [({}, out)] if isinstance(out, float) else [(dict(lb), v) for lb, v in out]
 
 
 @pytest.mark.parametrize("text, want", [
@@ -157,12 +143,12 @@ class FakeStore:
      [({"instance": "a"}, 0.1 + 0.9 * 0.8), ({"instance": "b"}, 0.1 + 0.9 * 0.9)]),
 ])
 def test_evaluation(text, want):
-    got = sorted(query(text, FakeStore(), at=60.0), key=lambda s: sorted(s[0].items()))
+    got = sorted(query(text, fake_store(), at=60.0), key=lambda s: sorted(s[0].items()))
     want = sorted(want, key=lambda s: sorted(s[0].items()))
     assert [lb for lb, _ in got] == [lb for lb, _ in want]
     assert [v for _, v in got] == pytest.approx([v for _, v in want])
 
 
 def test_bare_selector_keeps_every_series():
-    got = query("w", FakeStore(), at=60.0)
+    got = query("w", fake_store(), at=60.0)
     assert len(got) == 3 and {lb["instance"] for lb, _ in got} == {"a", "b", "c"}

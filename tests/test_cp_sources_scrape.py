@@ -333,13 +333,16 @@ def test_per_trigger_errors_do_not_stop_the_others():
     e1, e2 = VllmEngine(), VllmEngine()
     pages.pages.update({"http://a:1/metrics": e1.registry, "http://b:1/metrics": e2.registry})
     src = pages.source(["a:1", "b:1"], clock)
-    spec = spec_with("vllm:num_requests_waiting", "max_over_time(vllm:num_requests_waiting[1m])",
-                     "sum(vllm:num_requests_waiting) > 2", "sum(vllm:num_requests_running)")
+    spec = spec_with("vllm:num_requests_waiting", "vllm:num_requests_waiting[1m]",
+                     "sum(vllm:num_requests_waiting", "sum(vllm:num_requests_running)",
+                     # beyond the old subset: the one evaluator (the simulator's) answers any PromQL
+                     "sum(vllm:num_requests_waiting) > 2",
+                     "max(max_over_time(vllm:num_requests_running[1m]))")
     obs = src.observe(spec, 0.0, 2)
-    assert obs.errors == {"t0", "t1", "t2"} and obs.metrics == {"t3": 0.0}
+    assert obs.errors == {"t0", "t1", "t2"} and obs.metrics == {"t3": 0.0, "t4": None, "t5": 0.0}
     assert "multiple elements (2)" in src.last_errors["t0"]
-    assert "max_over_time() is not answered without Prometheus" in src.last_errors["t1"]
-    assert "cannot parse" in src.last_errors["t2"]
+    assert "is a range vector" in src.last_errors["t1"]
+    assert "does not parse" in src.last_errors["t2"]
 
 
 def test_policy_reads_decide_what_is_queried():

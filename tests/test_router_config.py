@@ -121,7 +121,8 @@ def test_example_scaledobject_reads_metrics_the_router_exports():
 
     from autoscaler.spec import load_spec
     from controlplane.router.metrics import RouterMetrics
-    from controlplane.sources.promql import metric_names, parse
+    from promql import compile_query
+    from promql.tree import metric_names
 
     path = EXAMPLES / "router_scaledobject.yaml"
     spec = load_spec(path.read_text(), path=str(path))
@@ -131,7 +132,7 @@ def test_example_scaledobject_reads_metrics_the_router_exports():
     page = generate_latest(m.registry).decode()
     assert spec.min_replicas == 0
     for trigger in spec.doc["spec"]["triggers"]:
-        for name in metric_names(parse(trigger["metadata"]["query"])):
+        for name in metric_names(compile_query(trigger["metadata"]["query"])):
             assert f"\n{name}{{" in page
 
 

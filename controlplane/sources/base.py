@@ -18,11 +18,12 @@ from typing import Protocol
 
 from autoscaler.observation import AGGREGATES, Observation
 from autoscaler.prometheus import QueryError
-from controlplane.sources.names import candidates, promql
-from controlplane.sources.promql import Vector, bucket_quantile, format_duration
+from controlplane.sources.names import candidates, format_duration, promql
+from promql.functions import bucket_quantile
 from simulator.autoscaling import PERCENTILES
 from simulator.scenario import Scenario
 
+Vector = list[tuple[dict[str, str], float]]  # an instant-query answer: (labels, value) per series
 DEFAULT_WINDOW = Scenario.rate_window  # the simulator's rate window: same lag live as simulated
 
 _HISTOGRAM_FIELD = {"ttft": "ttft_p", "tpot": "tpot_p", "itl": "itl_p"}

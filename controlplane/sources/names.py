@@ -87,6 +87,12 @@ def detect_engine(metric_names: set[str]) -> str | None:
     return None
 
 
+def format_duration(seconds: float) -> str:
+    """A window in PromQL's duration syntax: whole seconds as `30s`, else milliseconds."""
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
 def promql(kind: str, name: str, selector: str, window: str) -> str:
     """The PromQL both sources run for one aggregate (`selector`: label matchers without braces)."""
     sel = f"{{{selector}}}" if selector else ""

@@ -20,9 +20,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from autoscaler.prometheus import QueryError
-from controlplane.sources.base import DEFAULT_WINDOW, QuerySource
+from controlplane.sources.base import DEFAULT_WINDOW, QuerySource, Vector
 from controlplane.sources.deadline import DeadlineExceeded, call_with_deadline
-from controlplane.sources.promql import Vector
 
 DEFAULT_TIMEOUT = 5.0  # seconds; KEDA's default HTTP timeout is 3 s, Prometheus' query timeout 2 min
 

@@ -1,101 +1,57 @@
 """Direct scrape of engine /metrics endpoints, for users without Prometheus.
 
-Each round GETs every endpoint (httpx, with a timeout), parses the page with prometheus_client's
-parser and keeps a short history per endpoint. Queries are answered by controlplane.sources.promql as
-Prometheus 2.x answers them: rate()/increase() extrapolated to the window's edges with counter resets,
-histogram_quantile with linear interpolation, gauges from the latest scrape of each endpoint that is
-up (a failed or removed endpoint's gauges are stale at once, its samples still count in rates).
-If every endpoint fails, every query fails: an outage is never read as zero.
+Each round GETs every endpoint (controlplane.sources.pages) and appends the samples to a store
+(promql.storage), stamped with the scrape's start time as Prometheus stamps them; queries are answered
+by the one PromQL evaluator (promql), the simulator's, tested against Prometheus. As in Prometheus, a
+failed scrape or a removed endpoint writes staleness markers (its gauges are stale at once, its
+samples still count in rates), and so does a series gone from a page. If every endpoint fails, every
+query fails: an outage is never read as zero.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from typing import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
-import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from autoscaler.prometheus import QueryError
 from controlplane.prometheus_server import JOB
-from controlplane.sources.base import DEFAULT_WINDOW, QuerySource
+from controlplane.sources.base import DEFAULT_WINDOW, QuerySource, Vector
 from controlplane.sources.names import detect_engine
-from controlplane.sources.promql import Labels, Selector, Vector, evaluate, metric_names, parse
+from controlplane.sources.pages import Sample, fetch_round, metrics_url, parse_page
+from promql import LOOKBACK, Evaluator, MemoryStorage, PromQLError, compile_query, labels_of, lookbehind
+from promql.storage import Labels
+from promql.tree import metric_names
 from simulator.scenario import Scenario
 
 DEFAULT_TIMEOUT = 5.0
-LOOKBACK = 300.0  # Prometheus' instant-query lookback
+__all__ = ["DEFAULT_TIMEOUT", "ScrapeSource", "metrics_url", "parse_page"]
 
 
-def metrics_url(endpoint: str) -> str:
-    """`host:port`, `http://host:port` or a full URL; the path defaults to /metrics."""
-    if "://" not in endpoint:
-        endpoint = "http://" + endpoint
-    parts = urlsplit(endpoint)
-    return endpoint if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
-
-
-def parse_page(text: str, instance: str, job: str) -> list[tuple[str, Labels, float]]:
-    """(sample name, labels, value) of a text-format page, with Prometheus' target labels added."""
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = dict(s.labels)
-            for key, value in (("instance", instance), ("job", job)):
-                if key in labels:  # as Prometheus does without honor_labels
-                    labels["exported_" + key] = labels[key]
-                labels[key] = value
-            labels["__name__"] = s.name
-            out.append((s.name, labels, float(s.value)))
-    return out
+def _ms(t: float) -> int:
+    return round(t * 1000)
 
 
 class Target:
-    """One endpoint's scrape history: a column per series, a row per successful scrape."""
+    """One endpoint: up or not, why, the series and names of its last page, its scrape times."""
 
     def __init__(self, url: str):
         self.url = url
         self.instance = urlsplit(url).netloc
-        self.columns: dict[tuple, int] = {}
-        self.labels: list[Labels] = []
-        self.by_name: dict[str, list[int]] = {}
-        self.times: list[float] = []
-        self.rows: list[np.ndarray] = []
         self.up = False
         self.error: str | None = None
-
-    def add(self, t: float, samples: list[tuple[str, Labels, float]]) -> None:
-        cols, values = [], []
-        for name, labels, value in samples:
-            key = tuple(sorted(labels.items()))
-            col = self.columns.get(key)
-            if col is None:
-                col = self.columns[key] = len(self.labels)
-                self.labels.append(labels)
-                self.by_name.setdefault(name, []).append(col)
-            cols.append(col)
-            values.append(value)
-        row = np.full(len(self.labels), np.nan)
-        row[cols] = values
-        self.times.append(t)
-        self.rows.append(row)
+        self.series: set[Labels] = set()  # on the last successful page (to mark stale when gone)
+        self.names: set[str] = set()
+        self.times: list[float] = []  # successful scrapes within the retention
 
     def prune(self, before: float) -> None:
         drop = 0
         while drop < len(self.times) and self.times[drop] < before:
             drop += 1
-        del self.times[:drop], self.rows[:drop]
-
-    def matching(self, sel: Selector) -> list[int]:
-        return [c for c in self.by_name.get(sel.name, ()) if sel.matches(self.labels[c])]
-
-    def names(self) -> set[str]:
-        row = self.rows[-1] if self.rows else np.empty(0)
-        return {n for n, cols in self.by_name.items() if any(c < len(row) and row[c] == row[c] for c in cols)}
+        del self.times[:drop]
 
 
 class ScrapeSource(QuerySource):
@@ -120,6 +76,7 @@ class ScrapeSource(QuerySource):
         self.clock = clock
         self.job = job
         self.targets: dict[str, Target] = {}
+        self.store = MemoryStorage()
         self.evaluated_at: float | None = None
         self._client = httpx.Client(timeout=timeout, headers=headers, verify=verify, transport=transport)
         self._lock = threading.RLock()  # the scraping thread vs observe()
@@ -133,63 +90,46 @@ class ScrapeSource(QuerySource):
         eps = self._endpoints() if callable(self._endpoints) else self._endpoints
         return [metrics_url(e) for e in eps]
 
-    def _fetch(self, url: str) -> tuple[str, float, list | None, str | None]:
-        t = self.clock()  # Prometheus stamps a scrape with its start time
-        # the page is read chunk by chunk and dropped at the deadline, so a dripping endpoint's worker
-        # thread ends (and its connection closes) instead of outliving the round: the pool's threads
-        # are joined when the process exits, and one stuck on a page dripped for ever hung that exit
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self._client.stream("GET", url) as r:
-                r.raise_for_status()
-                body = bytearray()
-                for chunk in r.iter_bytes():
-                    body += chunk
-                    if time.monotonic() > deadline:
-                        return url, t, None, f"no complete page within {self.timeout:g}s"
-            text = body.decode(r.encoding or "utf-8", errors="replace")
-            return url, t, parse_page(text, urlsplit(url).netloc, self.job), None
-        except (httpx.HTTPError, ValueError) as exc:
-            return url, t, None, f"{type(exc).__name__}: {exc}"
-
     def scrape(self, only: Iterable[str] | None = None) -> dict[str, str | None]:
         """One round over the current endpoints (or `only` these); endpoint -> error (None = scraped)."""
         listed = self.endpoints()
         urls = listed if only is None else [metrics_url(u) for u in only]
-        # the timeout bounds each whole page (a page dripped a byte a second never trips a read's): a
-        # fetch still running at the deadline is that endpoint's failed scrape. Each fetch runs in a
-        # daemon thread (a pool's threads are joined at exit, so one stuck on a head dripped for ever
-        # hung the process's exit); _fetch itself gives up on a dripped body at the deadline
-        t0, end = self.clock(), time.monotonic() + self.timeout
-        answers: dict[int, tuple[str, float, list | None, str | None]] = {}
-        arrived = threading.Semaphore(0)
-
-        def fetch(i: int, url: str) -> None:
-            answers[i] = self._fetch(url)
-            arrived.release()
-
-        for i, url in enumerate(urls):
-            threading.Thread(target=fetch, args=(i, url), name="scrape", daemon=True).start()
-        for _ in urls:
-            if not arrived.acquire(timeout=max(0.0, end - time.monotonic())):
-                break
-        late = f"no complete page within {self.timeout:g}s"
-        results = [answers.get(i, (u, t0, None, late)) for i, u in enumerate(urls)]
+        results = fetch_round(self._client, urls, self.timeout, self.job, self.clock)
         with self._lock:
             current = self._current = set(listed)
             for url, t, samples, error in results:
                 target = self.targets.setdefault(url, Target(url))
                 target.up, target.error = samples is not None, error
+                self._store(target, t, samples or [])
                 if samples is not None:
-                    target.add(t, samples)
-            horizon = self.clock() - self.retention
+                    target.names = {name for name, _, _ in samples}
+                    target.times.append(t)
+            now = self.clock()
             for url, target in list(self.targets.items()):
-                if url not in current:
-                    target.up = False  # removed from the fleet: stale now, still in rates for a while
-                target.prune(horizon)
+                if url not in current and target.up:  # removed from the fleet: stale now, in rates a while
+                    target.up = False
+                    self._store(target, now, [])
+                target.prune(now - self.retention)
                 if url not in current and not target.times:
                     del self.targets[url]
+            self.store.prune(_ms(now - self.retention))
         return {url: error for url, _, _, error in results}
+
+    def _store(self, target: Target, t: float, samples: list[Sample]) -> None:
+        """A scrape's samples into the store; staleness markers for the series not on the page."""
+        at, seen = _ms(t), set()
+        for _, labels, value in samples:
+            key = labels_of(labels)
+            series = self.store.series.get(key)
+            if key in seen or series is not None and series.ts and series.ts[-1] >= at:
+                seen.add(key)  # on the page, but a duplicate or out-of-order sample: dropped, as
+                continue       # Prometheus drops it (two scrapes stamped the same millisecond)
+            seen.add(key)
+            self.store.append(key, at, value)
+        for key in target.series - seen:
+            if key in self.store.series:
+                self.store.mark_stale(key, at)
+        target.series = seen
 
     def start(self, interval: float = Scenario.scrape_interval,
               phase: float | Mapping[str, float] | None = None) -> None:
@@ -230,37 +170,6 @@ class ScrapeSource(QuerySource):
             self._thread.join(timeout=self.timeout + 1)
         self._client.close()
 
-    # -- the store the PromQL evaluator reads ----------------------------------------------------
-    def instant(self, sel: Selector, at: float) -> Vector:
-        out = []
-        for target in self.targets.values():
-            if not target.up:
-                continue
-            i = next((k for k in range(len(target.times) - 1, -1, -1) if target.times[k] <= at), None)
-            if i is None or at - target.times[i] > LOOKBACK:
-                continue
-            row = target.rows[i]
-            out += [(target.labels[c], float(row[c])) for c in target.matching(sel)
-                    if c < len(row) and not np.isnan(row[c])]
-        return out
-
-    def range(self, sel: Selector, start: float, end: float):
-        self.retention = max(self.retention, end - start + 60.0)
-        out = []
-        for target in self.targets.values():
-            # closed on both ends, as Prometheus 2.x selects a range
-            idx = range(bisect.bisect_left(target.times, start), bisect.bisect_right(target.times, end))
-            for c in target.matching(sel):
-                ts, vs = [], []
-                for k in idx:
-                    row = target.rows[k]
-                    if c < len(row) and not np.isnan(row[c]):
-                        ts.append(target.times[k])
-                        vs.append(float(row[c]))
-                if ts:
-                    out.append((target.labels[c], ts, vs))
-        return out
-
     # -- QuerySource -------------------------------------------------------------------------------
     def begin(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -276,7 +185,7 @@ class ScrapeSource(QuerySource):
 
     def _up_names(self) -> tuple[int, set[str]]:
         up = [t for t in self.targets.values() if t.up]
-        return len(up), set().union(*(t.names() for t in up)) if up else set()
+        return len(up), set().union(*(t.names for t in up)) if up else set()
 
     def missing(self, name: str) -> str | None:
         with self._lock:
@@ -295,13 +204,24 @@ class ScrapeSource(QuerySource):
         at = self.evaluated_at if self.evaluated_at is not None else self.clock()
         return self.evaluate(text, at, check_missing=trigger is not None)
 
+    def compile(self, text: str):
+        """The query's tree (cached); the retention grows to what it reads. PromQLError if refused."""
+        tree = self._trees.get(text)
+        if tree is None:
+            tree = compile_query(text)
+            if tree.type == "matrix":
+                raise PromQLError(f"query {text!r} is a range vector; a trigger reads an instant vector "
+                                  "or a scalar (e.g. rate(x[1m]))")
+            reach = lookbehind(tree, LOOKBACK) / 1000  # refuses @ (no fixed time in a live query)
+            self.retention = max(self.retention, reach + 60.0)
+            self._trees[text] = tree
+        return tree
+
     def evaluate(self, text: str, at: float, check_missing: bool = True) -> Vector:
         """The answer to `text` at time `at` from the scrape history (raises QueryError, ValueError).
 
         check_missing: a metric on none of the scraped pages is an error (else an empty answer)."""
-        tree = self._trees.get(text)
-        if tree is None:
-            tree = self._trees[text] = parse(text)
+        tree = self.compile(text)
         with self._lock:
             outage = self._outage()
             if outage:
@@ -310,5 +230,13 @@ class ScrapeSource(QuerySource):
                 why = self.missing(name)
                 if why:
                     raise QueryError(why)
-            out = evaluate(tree, self, at)
-        return [({}, out)] if isinstance(out, float) else out
+            out = Evaluator(self.store).eval(tree, _ms(at))
+        if isinstance(out, float):
+            return [({}, out)]
+        return [(dict(labels), value) for labels, value in out]
+
+    def samples(self, name: str, start: float, end: float) -> list[tuple[dict, list[float], list[float]]]:
+        """The stored samples of metric `name` in [start, end] (seconds): (labels, times, values)."""
+        with self._lock:
+            found = self.store.window(compile_query(name).matchers, _ms(start), _ms(end))
+        return [(dict(lb), [t / 1000 for t in ts], list(vs)) for lb, ts, vs in found]

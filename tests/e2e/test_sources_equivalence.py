@@ -20,7 +20,6 @@ from prometheus_api_client import PrometheusConnect
 import simulator.latency
 from autoscaler.spec import load_spec
 from controlplane.sources import PrometheusSource, ScrapeSource
-from controlplane.sources.promql import Selector
 from tests.e2e.conftest import EMULATED_MODEL, SteadyLoad, wait_for
 
 WINDOW = 20.0
@@ -126,8 +125,7 @@ def test_scrape_source_equals_prometheus(emulated_servers, prometheus, tmp_path)
                     assert v == pytest.approx(float(want["value"][1]), rel=1e-9)
 
             # Did both scrapers see the same engine states? Step and bookkeeping counters at both edges tell.
-            mine = edges((lb, vs) for name in STATE for lb, _, vs in
-                         scrape.range(Selector(name), at - WINDOW, at))
+            mine = edges((lb, vs) for name in STATE for lb, _, vs in scrape.samples(name, at - WINDOW, at))
             theirs = edges((s["metric"], [float(v) for _, v in s["values"]]) for name in STATE
                            for s in prom_answer(f"{name}[20s]"))
             pairs = [(f, getattr(obs, f), getattr(ref, f)) for f in RATES]
