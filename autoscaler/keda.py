@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoscaler import hpa
+from autoscaler import hpa, hpa_behavior, hpa_replicas
 from autoscaler.expr import Formula, FormulaError
+from autoscaler.hpa_replicas import average_value_replicas, value_replicas
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
 from autoscaler.prometheus import QueryError, null_value
@@ -55,9 +56,9 @@ class KedaConfig:
     initial_cooldown_period: float = 0.0
     idle_replica_count: int | None = None
     fallback: Fallback | None = None
-    behavior: hpa.Behavior | None = None  # advanced.horizontalPodAutoscalerConfig.behavior
+    behavior: hpa_behavior.Behavior | None = None  # advanced.horizontalPodAutoscalerConfig.behavior
     modifiers: ScalingModifiers | None = None
-    tolerance: hpa.Tolerances = field(default_factory=hpa.Tolerances)
+    tolerance: hpa_replicas.Tolerances = field(default_factory=hpa_replicas.Tolerances)
     creation_time: float = 0.0  # for initialCooldownPeriod when never active
     activation: bool = True  # False = a plain HPA on the same triggers (no scale to zero)
 
@@ -137,12 +138,12 @@ class KedaPolicy(Policy):
                 value = target * fallback_replicas(fb, obs.current_replicas)  # HPA then computes exactly that
             else:
                 return None
-        usage, target_m = hpa.to_milli(value), hpa.to_milli(target)
+        usage, target_m = hpa_replicas.to_milli(value), hpa_replicas.to_milli(target)
         if target_m <= 0:
             return None
         if metric_type == "Value":
-            return hpa.value_replicas(obs.current_replicas, obs.ready, usage, target_m, self.cfg.tolerance)
-        return hpa.average_value_replicas(obs.current_replicas, usage, target_m, self.cfg.tolerance)
+            return value_replicas(obs.current_replicas, obs.ready, usage, target_m, self.cfg.tolerance)
+        return average_value_replicas(obs.current_replicas, usage, target_m, self.cfg.tolerance)
 
     # ---- one tick --------------------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoscaler import hpa
+from autoscaler import hpa, hpa_behavior, hpa_replicas
+from autoscaler.hpa_behavior import Behavior, ScalingRules
+from autoscaler.hpa_replicas import PodSample
 from autoscaler.keda import KedaConfig, KedaPolicy, Trigger
 from autoscaler.kpa import KpaSpec, KpaState, kpa_scale
 from autoscaler.observation import Observation
@@ -28,17 +30,17 @@ def cases(doc: dict, key: str = "name"):
     )
 
 
-def rules(r: list | None) -> hpa.ScalingRules | None:
+def rules(r: list | None) -> hpa_behavior.ScalingRules | None:
     """The upstream generateScalingRules(pods, podsPeriod, percent, percentPeriod, window) helper."""
     if r is None:
         return None
     pods, pods_period, percent, percent_period, window = r
     policies = []
     if pods:
-        policies.append(hpa.ScalingPolicy("Pods", pods, pods_period))
+        policies.append(hpa_behavior.ScalingPolicy("Pods", pods, pods_period))
     if percent:
-        policies.append(hpa.ScalingPolicy("Percent", percent, percent_period))
-    return hpa.ScalingRules(window, "Max", policies)
+        policies.append(hpa_behavior.ScalingPolicy("Percent", percent, percent_period))
+    return hpa_behavior.ScalingRules(window, "Max", policies)
 
 
 def events(raw: list | None) -> list[list]:
@@ -58,7 +60,7 @@ def test_k8s_scaling_with_rules(case):
     state = hpa.HpaState(
         scale_up_events=events(case.get("up_events")), scale_down_events=events(case.get("down_events"))
     )
-    behavior = hpa.default_behavior(rules(case.get("up")), rules(case.get("down")))
+    behavior = hpa_behavior.default_behavior(rules(case.get("up")), rules(case.get("down")))
     got, condition = hpa.rate_limit(
         state, NOW, case["current"], case["desired"], case["min"], case["max"], behavior
     )
@@ -75,7 +77,7 @@ def test_k8s_normalize_desired_replicas(case):
 @cases(NORMALIZE["behavior"])
 def test_k8s_normalize_desired_replicas_with_behavior(case):
     state = hpa.HpaState(recommendations=[[NOW - age, rec] for age, rec in case["recs"]])
-    behavior = hpa.Behavior(hpa.ScalingRules(case["up_window"]), hpa.ScalingRules(case["down_window"]))
+    behavior = Behavior(ScalingRules(case["up_window"]), ScalingRules(case["down_window"]))
     got = hpa.stabilize_with_behavior(state, NOW, case["current"], case["desired"], behavior)
     assert got == case["expected"]
     if "expected_recs" in case:
@@ -85,7 +87,7 @@ def test_k8s_normalize_desired_replicas_with_behavior(case):
 @cases(NORMALIZE["store_events"])
 def test_k8s_store_scale_events(case):
     r = rules(case["rules"])
-    behavior = None if r is None else hpa.Behavior(r, r)
+    behavior = None if r is None else hpa_behavior.Behavior(r, r)
     for direction in ("up", "down"):
         state = hpa.HpaState()
         evs = [[NOW - age, change, False] for age, change in case["prev"]]
@@ -97,21 +99,21 @@ def test_k8s_store_scale_events(case):
         assert got == case["new_events"], direction
 
 
-def _pods(case) -> list[hpa.PodSample]:
+def _pods(case) -> list[hpa_replicas.PodSample]:
     requests = case.get("requests") or [0] * len(case["levels"])
     unready = set(case.get("unready", []))
-    return [hpa.PodSample(v, i not in unready, r) for i, (v, r) in enumerate(zip(case["levels"], requests))]
+    return [PodSample(v, i not in unready, r) for i, (v, r) in enumerate(zip(case["levels"], requests))]
 
 
 def _proposal(case) -> int:
     down, up = case.get("tolerances", [0.1, 0.1])
-    tol = hpa.Tolerances(down=down, up=up)
+    tol = hpa_replicas.Tolerances(down=down, up=up)
     kind = case["kind"]
     if kind in ("external", "object"):
-        return hpa.value_replicas(case["current"], case["ready"], case["usage"], case["target"], tol)
+        return hpa_replicas.value_replicas(case["current"], case["ready"], case["usage"], case["target"], tol)
     if kind in ("external_avg", "object_avg"):
-        return hpa.average_value_replicas(case["current"], case["usage"], case["target"], tol)
-    return hpa.pods_replicas(
+        return hpa_replicas.average_value_replicas(case["current"], case["usage"], case["target"], tol)
+    return hpa_replicas.pods_replicas(
         case["current"], _pods(case), case["target"], tol, utilization=kind == "utilization"
     )
 

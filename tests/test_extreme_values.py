@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from autoscaler import load_spec, make_policy
-from autoscaler.hpa import INT64_MAX, to_milli
+from autoscaler.hpa_replicas import INT64_MAX, to_milli
 from autoscaler.kpa import KpaPolicy, KpaSpec
 from autoscaler.observation import Observation
 from autoscaler.reconcile import decide

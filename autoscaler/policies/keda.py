@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 
-from autoscaler import hpa
+from autoscaler import hpa_behavior, hpa_replicas
 from autoscaler.expr import Formula
+from autoscaler.hpa_behavior import ScalingPolicy
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.keda_schema import BEHAVIOR, KEDA_FIELDS, NUM, TRIGGERS
 from autoscaler.registry import PolicyType, register
@@ -50,29 +51,29 @@ def _triggers(doc: Document) -> list[Trigger]:
     return out
 
 
-def _rules(raw: dict | None) -> hpa.ScalingRules | None:
+def _rules(raw: dict | None) -> hpa_behavior.ScalingRules | None:
     if raw is None:
         return None
-    return hpa.ScalingRules(
+    return hpa_behavior.ScalingRules(
         raw.get("stabilizationWindowSeconds"),
         raw.get("selectPolicy", "Max"),
-        [hpa.ScalingPolicy(p["type"], p["value"], p["periodSeconds"]) for p in raw.get("policies", [])],
+        [ScalingPolicy(p["type"], p["value"], p["periodSeconds"]) for p in raw.get("policies", [])],
         float(raw["tolerance"]) if "tolerance" in raw else None,
     )
 
 
-def _behavior(raw: dict | None) -> hpa.Behavior | None:
+def _behavior(raw: dict | None) -> hpa_behavior.Behavior | None:
     if raw is None:
         return None
-    return hpa.default_behavior(_rules(raw.get("scaleUp")), _rules(raw.get("scaleDown")))
+    return hpa_behavior.default_behavior(_rules(raw.get("scaleUp")), _rules(raw.get("scaleDown")))
 
 
-def _tolerances(behavior: hpa.Behavior | None, default: float) -> hpa.Tolerances:
+def _tolerances(behavior: hpa_behavior.Behavior | None, default: float) -> hpa_replicas.Tolerances:
     down = up = default
     if behavior is not None:
         up = behavior.scale_up.tolerance if behavior.scale_up.tolerance is not None else default
         down = behavior.scale_down.tolerance if behavior.scale_down.tolerance is not None else default
-    return hpa.Tolerances(down=down, up=up)
+    return hpa_replicas.Tolerances(down=down, up=up)
 
 
 def keda_config(doc: Document, min_r: int, max_r: int, polling: float, activation: bool) -> KedaConfig:
@@ -117,7 +118,7 @@ def keda_config(doc: Document, min_r: int, max_r: int, polling: float, activatio
         fallback=fb,
         behavior=behavior,
         modifiers=mods,
-        tolerance=_tolerances(behavior, float(block.get("tolerance", hpa.DEFAULT_TOLERANCE))),
+        tolerance=_tolerances(behavior, float(block.get("tolerance", hpa_replicas.DEFAULT_TOLERANCE))),
         activation=activation,
         **_keywords({k: v for k, v in block.items() if k in cooldowns}, cooldowns),
     )
