@@ -27,7 +27,8 @@ SPEC = ROOT / "examples" / "replay" / "keda_queue.yaml"
 BASELINE = """
 import sys
 from pathlib import Path
-from autoscaler.replay import read_series, replay, to_csv
+from autoscaler.replay import replay, to_csv
+from autoscaler.series import read_series
 from autoscaler.spec import load_spec, make_policy
 spec = load_spec(Path(sys.argv[1]).read_text())
 with open(sys.argv[2], newline="") as f:

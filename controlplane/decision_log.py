@@ -15,11 +15,11 @@ from pathlib import Path
 
 from autoscaler.observation import Observation
 from autoscaler.reconcile import Step
-from autoscaler.replay import DECISION_FIELDS as DECISION
-from autoscaler.replay import FLOAT_FIELDS as AGGREGATES
-from autoscaler.replay import LOGGED_PERCENTILES as PERCENTILES
-from autoscaler.replay import PERCENTILE_KINDS as HISTOGRAMS
-from autoscaler.replay import format_time
+from autoscaler.series import DECISION_FIELDS as DECISION
+from autoscaler.series import FLOAT_FIELDS as AGGREGATES
+from autoscaler.series import LOGGED_PERCENTILES as PERCENTILES
+from autoscaler.series import PERCENTILE_KINDS as HISTOGRAMS
+from autoscaler.series import format_time
 
 
 def columns(trigger_names: list[str]) -> list[str]:

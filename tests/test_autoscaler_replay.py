@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from autoscaler import load_spec, make_policy
-from autoscaler.replay import read_series, replay
+from autoscaler.replay import replay
+from autoscaler.series import read_series
 from slopilot.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "replay"

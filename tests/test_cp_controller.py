@@ -15,7 +15,8 @@ import pytest
 from autoscaler import load_spec, make_policy
 from autoscaler.observation import Observation
 from autoscaler.reconcile import reconcile
-from autoscaler.replay import observation, read_series, replay
+from autoscaler.replay import observation, replay
+from autoscaler.series import read_series
 from controlplane import specs
 from controlplane.controller import AutoscalerLoop, Controller
 from controlplane.decision_log import DecisionLog

@@ -8,7 +8,8 @@ import pytest
 from autoscaler.expr import MAX_CHARS, MAX_NESTING, Formula, FormulaError, evaluate
 from autoscaler.keda import FORMULA, Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.observation import Observation
-from autoscaler.replay import read_series, replay
+from autoscaler.replay import replay
+from autoscaler.series import read_series
 from autoscaler.spec import load_spec, make_policy
 
 ENV = {"a": 9.0, "b": 0.0, "n": None, "big": 1e300}

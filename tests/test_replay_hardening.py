@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.replay import MAX_REPLICAS, MAX_TICKS, Row, Series, replay_iter
+from autoscaler.replay import MAX_TICKS, replay_iter
+from autoscaler.series import MAX_REPLICAS, Row, Series
 from autoscaler.spec import load_spec, make_policy
 from slopilot.cli import main
 

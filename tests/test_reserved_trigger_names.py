@@ -11,7 +11,7 @@ import io
 import pytest
 
 from autoscaler import load_spec, make_policy
-from autoscaler.replay import RESERVED_NAMES
+from autoscaler.series import RESERVED_NAMES
 from controlplane.controller import AutoscalerLoop
 from controlplane.decision_log import DecisionLog, columns
 from controlplane.targets import MemoryTarget

@@ -14,7 +14,7 @@ from autoscaler.hpa_behavior import ScalingPolicy
 from autoscaler.keda import Fallback, KedaConfig, KedaPolicy, ScalingModifiers, Trigger
 from autoscaler.keda_schema import BEHAVIOR, KEDA_FIELDS, NUM, TRIGGERS
 from autoscaler.registry import PolicyType, register
-from autoscaler.replay import RESERVED_NAMES
+from autoscaler.series import RESERVED_NAMES
 from autoscaler.yamlfile import Document
 
 

@@ -61,7 +61,8 @@ def run_live(args: argparse.Namespace) -> int:
     import csv
     import sys
 
-    from autoscaler.replay import read_series, replay
+    from autoscaler.replay import replay
+    from autoscaler.series import read_series
     from autoscaler.spec import load_spec, make_policy
     from controlplane.fleet import load_fleet_config
     from slopilot.commands.fleet import run_fleet

@@ -31,14 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def seconds(text: str, flag: str) -> float:
-    """A time: seconds or RFC 3339 (autoscaler.replay's rules; plain seconds read without loading it)."""
+    """A time: seconds or RFC 3339 (autoscaler.series' rules; plain seconds read without loading it)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if abs(value) <= 253_402_300_799:  # the year 9999, autoscaler.replay.MAX_TIME
+    if abs(value) <= 253_402_300_799:  # the year 9999, autoscaler.series.MAX_TIME
         return value
-    from autoscaler.replay import parse_time
+    from autoscaler.series import parse_time
 
     return parse_time(text, flag)[0]
 

@@ -39,7 +39,7 @@ def add_range_arguments(parser: argparse.ArgumentParser, required: bool = True) 
 
 def time_range(args, spec) -> tuple[int, int, int, bool]:
     """(start ms, end ms, step ms, times given as RFC 3339) from --start, --end, --step."""
-    from autoscaler.replay import parse_time
+    from autoscaler.series import parse_time
     from slopilot.commands.query import duration_ms
 
     start, rfc = parse_time(args.start, "--start")
@@ -95,7 +95,7 @@ def record(url: str, spec, start: int, end: int, step: int, rfc3339: bool = Fals
     import requests
     from prometheus_api_client import PrometheusConnect
 
-    from autoscaler.replay import format_time
+    from autoscaler.series import format_time
 
     if not spec.triggers:
         raise ValueError(f"spec {spec.name!r} has no Prometheus triggers to record")

@@ -81,7 +81,8 @@ def load_step_model(value: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoscaler.replay import Series, check_interval, replay_iter
+    from autoscaler.replay import check_interval, replay_iter
+    from autoscaler.series import Series
     from autoscaler.spec import load_spec, make_policy
 
     if (args.metrics is None) == (args.prometheus is None):

@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from autoscaler.reconcile import reconcile
-from autoscaler.replay import observation, read_series
+from autoscaler.replay import observation
+from autoscaler.series import read_series
 from autoscaler.slo_model import replicas_needed
 from autoscaler.spec import load_spec, make_policy
 from controlplane.fleet import load_fleet_config
