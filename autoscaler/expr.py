@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import re
 
+from autoscaler.expr_ops import CMP, FUNCS, Failed, arith, lookup, num, truthy
+
 MAX_CHARS = 1000  # a KEDA formula is one line over a few trigger names
 MAX_NESTING = 32  # keeps parsing and evaluation far from Python's recursion limit
 
@@ -33,31 +35,10 @@ _TOKEN = re.compile(
     r"\s*(?:(\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?|([A-Za-z_][A-Za-z0-9_]*)"
     r"|(\?\?|\*\*|&&|\|\||<=|>=|==|!=|[-+*/%<>!?:(),]))"
 )
-# name -> (function, fewest arguments, most arguments or None)
-_FUNCS = {
-    "min": (min, 1, None),
-    "max": (max, 1, None),
-    "abs": (abs, 1, 1),
-    "ceil": (math.ceil, 1, 1),
-    "floor": (math.floor, 1, 1),
-    "round": (round, 1, 1),
-}
-_CMP = {
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-}
 
 
 class FormulaError(ValueError):
     """A formula that does not parse, or whose evaluation failed (KEDA: a failed scaler metric)."""
-
-
-class _Failed(Exception):
-    """Why an evaluation failed; Formula turns it into a FormulaError naming the formula."""
 
 
 def _short(text: str) -> str:
@@ -130,7 +111,7 @@ class _Parser:
             self.expect(":")
             b = self.ternary()
             self.depth -= 1
-            return lambda env: a(env) if _truthy(cond(env)) else b(env)
+            return lambda env: a(env) if truthy(cond(env)) else b(env)
         self.depth -= 1
         return cond
 
@@ -154,20 +135,20 @@ class _Parser:
         parts = [self.and_()]
         while self.accept("||", "or"):
             parts.append(self.and_())
-        return parts[0] if len(parts) == 1 else (lambda env: any(_truthy(p(env)) for p in parts))
+        return parts[0] if len(parts) == 1 else (lambda env: any(truthy(p(env)) for p in parts))
 
     def and_(self):
         parts = [self.cmp()]
         while self.accept("&&", "and"):
             parts.append(self.cmp())
-        return parts[0] if len(parts) == 1 else (lambda env: all(_truthy(p(env)) for p in parts))
+        return parts[0] if len(parts) == 1 else (lambda env: all(truthy(p(env)) for p in parts))
 
     def cmp(self):
         node = self.sum()
-        op = self.accept(*_CMP)
+        op = self.accept(*CMP)
         if op:
-            left, right, fn = node, self.sum(), _CMP[op]
-            return lambda env: fn(_num(left(env)), _num(right(env)))
+            left, right, fn = node, self.sum(), CMP[op]
+            return lambda env: fn(num(left(env)), num(right(env)))
         return node
 
     def _chain(self, operand, ops: tuple[str, ...]):
@@ -178,9 +159,9 @@ class _Parser:
             return first
 
         def run(env):
-            v = _num(first(env))
+            v = num(first(env))
             for o, f in rest:
-                v = _arith(o, v, _num(f(env)))
+                v = arith(o, v, num(f(env)))
             return v
 
         return run
@@ -197,8 +178,8 @@ class _Parser:
             inner = self.unary()
             self.depth -= 1
             if op == "-":
-                return lambda env: -_num(inner(env))
-            return lambda env: not _truthy(inner(env))
+                return lambda env: -num(inner(env))
+            return lambda env: not truthy(inner(env))
         return self.power()
 
     def power(self):
@@ -207,7 +188,7 @@ class _Parser:
             self.enter()
             exp = self.unary()
             self.depth -= 1
-            return lambda env: _arith("**", _num(base(env)), _num(exp(env)))
+            return lambda env: arith("**", num(base(env)), num(exp(env)))
         return base
 
     def atom(self):
@@ -230,7 +211,7 @@ class _Parser:
             if self.accept("("):
                 return self.call(val)
             self.names.add(val)
-            return lambda env: _lookup(env, val)
+            return lambda env: lookup(env, val)
         if val == "(":
             node = self.ternary()
             self.expect(")")
@@ -238,17 +219,17 @@ class _Parser:
         raise self.fail(f"unexpected {val!r}")
 
     def call(self, name: str):
-        if name not in _FUNCS:
-            raise self.fail(f"unknown function {name!r} (functions: {', '.join(_FUNCS)})")
-        fn, least, most = _FUNCS[name]
+        if name not in FUNCS:
+            raise self.fail(f"unknown function {name!r} (functions: {', '.join(FUNCS)})")
+        fn, least, most = FUNCS[name]
         args = [] if self.accept(")") else self._args()
         if len(args) < least or (most is not None and len(args) > most):
             wanted = f"{least}" if most == least else f"at least {least}"
             raise self.fail(f"{name}() takes {wanted} argument(s), got {len(args)}")
         if most == 1:
             arg = args[0]
-            return lambda env: float(fn(_num(arg(env))))
-        return lambda env: float(fn([_num(a(env)) for a in args]))
+            return lambda env: float(fn(num(arg(env))))
+        return lambda env: float(fn([num(a(env)) for a in args]))
 
     def _args(self):
         args = [self.ternary()]
@@ -256,61 +237,6 @@ class _Parser:
             args.append(self.ternary())
         self.expect(")")
         return args
-
-
-def _lookup(env: dict, name: str):
-    if name not in env:
-        raise _Failed(f"unknown name {name!r}")
-    v = env[name]
-    if v is not None and not isinstance(v, bool) and not math.isfinite(v):
-        raise _Failed(f"{name} is {v}, not a finite number")
-    return v
-
-
-def _truthy(v) -> bool:
-    return bool(v) if v is not None else False
-
-
-def _num(v) -> float:
-    if v is None:
-        raise _Failed("a nil value in arithmetic (use ?? to give a default)")
-    v = float(v)
-    if not math.isfinite(v):
-        raise _Failed(f"{v} is not a finite number")
-    return v
-
-
-def _arith(op: str, a: float, b: float) -> float:
-    """a op b, or _Failed for what has no finite real answer."""
-    shown = f"{_g(a)} {op} {_g(b)}"
-    if b == 0 and op in ("/", "%"):
-        raise _Failed(f"division by zero ({shown})")
-    try:
-        if op == "+":
-            v = a + b
-        elif op == "-":
-            v = a - b
-        elif op == "*":
-            v = a * b
-        elif op == "/":
-            v = a / b
-        elif op == "%":
-            v = math.fmod(a, b)
-        else:
-            v = a**b
-    except ZeroDivisionError:
-        raise _Failed(f"division by zero ({shown})") from None
-    except OverflowError:
-        raise _Failed(f"overflow ({shown})") from None
-    if isinstance(v, complex):
-        raise _Failed(f"{shown} has no real value")
-    if not math.isfinite(v):
-        raise _Failed(f"overflow ({shown})")
-    return v
-
-
-def _g(x: float) -> str:
-    return f"({x:g})" if x < 0 else f"{x:g}"
 
 
 class Formula:
@@ -330,9 +256,9 @@ class Formula:
             if isinstance(v, bool):
                 return 1.0 if v else 0.0
             if v is None:
-                raise _Failed("the result is nil")
-            return _num(v)
-        except (_Failed, ArithmeticError, RecursionError, TypeError, ValueError) as exc:
+                raise Failed("the result is nil")
+            return num(v)
+        except (Failed, ArithmeticError, RecursionError, TypeError, ValueError) as exc:
             raise FormulaError(f"formula {_short(self.text)}: {exc}") from None
 
 

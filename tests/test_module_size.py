@@ -13,7 +13,6 @@ LIMIT = 300
 
 # not split yet: path -> lines today (a ceiling)
 OVER: dict[str, int] = {
-    "autoscaler/expr.py": 340,
     "controlplane/router/upstream.py": 380,
     "controlplane/fleet/fleet.py": 375,
     "promql/engine.py": 334,
