@@ -7,14 +7,9 @@
 from __future__ import annotations
 
 from promql import builtins as b
+from promql.binary import unique
 from promql.parse import Call, PromQLError, Selector, String
 from promql.storage import Labels, drop_name
-
-
-def _unique(vec):
-    if len({lb for lb, _ in vec}) != len(vec):
-        raise PromQLError("vector cannot contain metrics with the same labelset")
-    return vec
 
 
 def _string(node) -> str:
@@ -38,19 +33,19 @@ def call(ev, node: Call, t: int):
             v = b.series_value(f, ts, vs, t, scalars)
             if v is not None:
                 out.append((drop_name(lb), v))
-        return _unique(out)
+        return unique(out)
     if f in b.DATE:
         if not args:
             return [((), b.date_part(f, t / 1000))]
-        return _unique([(drop_name(lb), b.date_part(f, v)) for lb, v in ev.eval(args[0], t)])
+        return unique([(drop_name(lb), b.date_part(f, v)) for lb, v in ev.eval(args[0], t)])
     if f == "timestamp":
-        return _unique(_timestamp(ev, args[0], t))
+        return unique(_timestamp(ev, args[0], t))
     vec = ev.eval(args[0], t)
     if f == "label_replace":
-        return _unique(b.label_replace(vec, *(_string(a) for a in args[1:])))
+        return unique(b.label_replace(vec, *(_string(a) for a in args[1:])))
     if f == "label_join":
         strings = [_string(a) for a in args[1:]]
-        return _unique(b.label_join(vec, strings[0], strings[1], strings[2:]))
+        return unique(b.label_join(vec, strings[0], strings[1], strings[2:]))
     if f in ("sort", "sort_desc"):
         return b.by_value(vec, f == "sort_desc")
     raise PromQLError(f"function {f}() is not supported by slopilot's PromQL evaluator")

@@ -17,6 +17,7 @@ from operator import itemgetter
 
 from promql import calls
 from promql import functions as fn
+from promql.binary import binary, unique
 from promql.parse import (
     MAX_SUBQUERY_STEPS,
     Aggregate,
@@ -30,17 +31,11 @@ from promql.parse import (
     Subquery,
 )
 from promql.reduce import reduce as _reduce
-from promql.storage import Labels, Matrix, Vector, drop_name, format_labels, get
+from promql.storage import Labels, Matrix, Vector, drop_name, get
 
 LOOKBACK = 300_000  # ms: Prometheus' default query.lookback-delta
 DEFAULT_STEP = 60_000  # ms: a subquery without a step uses the global evaluation_interval (1m default)
 _first = itemgetter(0)
-
-
-def _unique(vec: Vector) -> Vector:
-    if len({lb for lb, _ in vec}) != len(vec):
-        raise PromQLError("vector cannot contain metrics with the same labelset")
-    return vec
 
 
 def go_float(text: str) -> float | None:
@@ -94,7 +89,7 @@ class Evaluator:
             inner = self.eval(node.expr, t)
             if isinstance(inner, float):
                 return -inner
-            return _unique([(drop_name(lb), -v) for lb, v in inner])
+            return unique([(drop_name(lb), -v) for lb, v in inner])
         if isinstance(node, Call):
             return self._call(node, t)
         if isinstance(node, Aggregate):
@@ -156,7 +151,7 @@ class Evaluator:
                     v = fn.over_time(f, vs)
                 if v is not None:
                     out.append((lb if f == "last_over_time" else drop_name(lb), v))
-            return _unique(out)
+            return unique(out)
         if f == "time":
             return t / 1000
         if f == "vector":
@@ -184,7 +179,7 @@ class Evaluator:
                    for lb, v in vec]
         else:
             out = [(drop_name(lb), fn.simple(f, v)) for lb, v in vec]
-        return _unique(out)
+        return unique(out)
 
     @staticmethod
     def _histogram_quantile(q: float, vec: Vector) -> Vector:
@@ -196,7 +191,7 @@ class Evaluator:
             key = tuple(kv for kv in lb if kv[0] != "le")
             groups.setdefault(key, []).append((le, v))
         out = [(drop_name(key), fn.bucket_quantile(q, buckets)) for key, buckets in groups.items()]
-        return _unique(out)
+        return unique(out)
 
     # -- aggregation ----------------------------------------------------------------------------------
     def _aggregate(self, node: Aggregate, t: int) -> Vector:
@@ -214,121 +209,6 @@ class Evaluator:
             groups.setdefault(key, []).append(v)
         return [(key, _reduce(op, vs, param)) for key, vs in groups.items()]
 
-    # -- binary operators -----------------------------------------------------------------------------
+    # -- binary operators: promql.binary -------------------------------------------------------------
     def _binary(self, node: Binary, t: int):
-        lhs, rhs = self.eval(node.lhs, t), self.eval(node.rhs, t)
-        op = node.op
-        comparison = op in fn.COMPARISONS
-        if isinstance(lhs, float) and isinstance(rhs, float):
-            if comparison:
-                return 1.0 if fn.compare(op, lhs, rhs) else 0.0
-            return fn.arith(op, lhs, rhs)
-        if isinstance(rhs, float) or isinstance(lhs, float):
-            swap = isinstance(lhs, float)
-            vec, scalar = (rhs, lhs) if swap else (lhs, rhs)
-            out = []
-            for lb, v in vec:
-                a, b = (scalar, v) if swap else (v, scalar)
-                if comparison:
-                    keep = fn.compare(op, a, b)
-                    if node.return_bool:
-                        out.append((drop_name(lb), 1.0 if keep else 0.0))
-                    elif keep:
-                        out.append((lb, v))
-                else:
-                    out.append((drop_name(lb), fn.arith(op, a, b)))
-            return _unique(out)
-        if op in ("and", "or", "unless"):
-            return self._set_op(node, lhs, rhs)
-        return _unique(self._match(node, lhs, rhs))
-
-    @staticmethod
-    def _signature(node: Binary):
-        names = set(node.labels)
-        if node.on:
-            return lambda lb: tuple(kv for kv in lb if kv[0] in names)
-        return lambda lb: tuple(kv for kv in lb if kv[0] not in names and kv[0] != "__name__")
-
-    def _set_op(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
-        sig = self._signature(node)
-        if node.op == "and":
-            if not lhs or not rhs:
-                return []
-            right = {sig(lb) for lb, _ in rhs}
-            return [s for s in lhs if sig(s[0]) in right]
-        if node.op == "or":
-            if not lhs or not rhs:
-                return list(lhs or rhs)
-            left = {sig(lb) for lb, _ in lhs}
-            return list(lhs) + [s for s in rhs if sig(s[0]) not in left]
-        if not lhs or not rhs:
-            return list(lhs)
-        right = {sig(lb) for lb, _ in rhs}
-        return [s for s in lhs if sig(s[0]) not in right]
-
-    def _match(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
-        if not lhs or not rhs:
-            return []
-        sig = self._signature(node)
-        swapped = node.card == "one-to-many"
-        many, one = (rhs, lhs) if swapped else (lhs, rhs)
-        index: dict[tuple, tuple[Labels, float]] = {}
-        for lb, v in one:
-            s = sig(lb)
-            if s in index:
-                side = "left" if swapped else "right"
-                raise PromQLError(f"found duplicate series for the match group {dict(s)} on the {side} "
-                                  f"hand-side of the operation: [{format_labels(lb)}, "
-                                  f"{format_labels(index[s][0])}];many-to-many matching not allowed: "
-                                  "matching labels must be unique on one side")
-            index[s] = (lb, v)
-        comparison = node.op in fn.COMPARISONS
-        matched: dict[tuple, set | None] = {}
-        out = []
-        for lb, v in many:
-            s = sig(lb)
-            hit = index.get(s)
-            if hit is None:
-                continue
-            a, b = (hit[1], v) if swapped else (v, hit[1])
-            if comparison:
-                keep = fn.compare(node.op, a, b)
-                value = (1.0 if keep else 0.0) if node.return_bool else a
-                if not keep and not node.return_bool:
-                    continue
-            else:
-                value = fn.arith(node.op, a, b)
-            metric = self._result_labels(node, lb, hit[0], comparison)
-            if node.card == "one-to-one":
-                if s in matched:
-                    raise PromQLError("multiple matches for labels: many-to-one matching must be explicit "
-                                      "(group_left/group_right)")
-                matched[s] = None
-            else:
-                seen = matched.setdefault(s, set())
-                if metric in seen:
-                    raise PromQLError("multiple matches for labels: grouping labels must ensure unique "
-                                      "matches")
-                seen.add(metric)
-            out.append((metric, value))
-        return out
-
-    @staticmethod
-    def _result_labels(node: Binary, many: Labels, one: Labels, comparison: bool) -> Labels:
-        d = dict(many)
-        if not comparison or node.return_bool:
-            d.pop("__name__", None)
-        if node.card == "one-to-one":
-            if node.on:
-                d = {k: v for k, v in d.items() if k in node.labels}
-            else:
-                for k in node.labels:
-                    d.pop(k, None)
-        if node.include:
-            other = dict(one)
-            for k in node.include:
-                if other.get(k):
-                    d[k] = other[k]
-                else:
-                    d.pop(k, None)
-        return tuple(sorted(d.items()))
+        return binary(node, self.eval(node.lhs, t), self.eval(node.rhs, t))
