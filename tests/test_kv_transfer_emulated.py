@@ -63,3 +63,30 @@ def test_emulated_needs_bytes_per_token_and_a_known_link():
     eng, _ = build_engine(EngineArgs(num_kv_blocks=64), load_latency_model("h100-llama2-70b-tp4"))
     with pytest.raises(ValueError, match="KV bytes per token"):
         build_server(eng, "m", kv_transfer=cfg)
+
+
+def test_a_real_producer_paces_its_payload_when_asked():
+    import socket
+    import threading
+    import time
+
+    from engine.kv_transfer import wire
+
+    cfg = parse_kv_transfer_config({"kv_connector": "TcpConnector", "kv_role": "kv_producer",
+                                    "kv_connector_extra_config": {"send_bandwidth_gbs": 0.001}})
+    assert cfg.send_bytes_per_s == 1e6
+    with pytest.raises(ValueError, match="send_bandwidth_gbs must be a number > 0"):
+        parse_kv_transfer_config({"kv_connector": "TcpConnector", "kv_role": "kv_producer",
+                                  "kv_connector_extra_config": {"send_bandwidth_gbs": 0}})
+    a, b = socket.socketpair()
+    payload = bytes(range(256)) * 1024  # 256 kB at 1 MB/s: at least 0.25 s
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(msg=wire.recv(b)))
+    reader.start()
+    t0 = time.monotonic()
+    wire.send(a, {"op": "data"}, payload, cfg.send_bytes_per_s)
+    reader.join(10)
+    assert time.monotonic() - t0 >= 0.24
+    assert got["msg"][0]["op"] == "data" and bytes(got["msg"][1]) == payload
+    a.close()
+    b.close()

@@ -30,6 +30,9 @@ class KVTransferConfig:
     kv_bytes_per_token: float | None = None  # the whole model's K and V for one token
     link_bandwidth_gbs: float = LINKS["rdma"][0]
     link_latency_ms: float = LINKS["rdma"][1]
+    # a real producer paces its block payloads to this rate (kv_connector_extra_config.send_bandwidth_gbs:
+    # a slow link over loopback); None: as fast as the socket takes them
+    send_bytes_per_s: float | None = None
 
     def transfer_seconds(self, tokens: int) -> float:
         per_token = self.kv_bytes_per_token or 0.0
@@ -88,6 +91,12 @@ def _emulation(cfg: KVTransferConfig, extra: dict[str, Any]) -> None:
             raise ValueError("--kv-transfer-config: kv_connector_extra_config.kv_bytes_per_token must be a "
                              f"number > 0, got {kv!r}")
         cfg.kv_bytes_per_token = float(kv)
+    pace = extra.get("send_bandwidth_gbs")
+    if pace is not None:
+        if not isinstance(pace, (int, float)) or isinstance(pace, bool) or not pace > 0:
+            raise ValueError("--kv-transfer-config: kv_connector_extra_config.send_bandwidth_gbs must be a "
+                             f"number > 0, got {pace!r}")
+        cfg.send_bytes_per_s = float(pace) * 1e9
     link = extra.get("link", "rdma")
     if isinstance(link, str):
         if link not in LINKS:

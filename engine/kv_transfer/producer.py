@@ -142,4 +142,4 @@ class KVProducer:
             with self.lock:
                 lease.reading -= 1
         self.bytes_sent += len(payload)
-        wire.send(conn, {"op": "data", "num_blocks": len(want)}, payload)
+        wire.send(conn, {"op": "data", "num_blocks": len(want)}, payload, self.cfg.send_bytes_per_s)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Any
 
 import msgpack
 
 MAX_HEADER = 1 << 20
+PACE_CHUNK = 64 << 10  # a paced payload goes out in pieces this big
 LAYOUT_KEYS = ("block_size", "dtype", "num_layers", "num_kv_heads", "head_dim")
 
 
@@ -25,11 +27,20 @@ class KVLayoutMismatch(KVTransferError):
     """The two engines' KV layouts differ: no block can be moved between them."""
 
 
-def send(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
+def send(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"",
+         bytes_per_s: float | None = None) -> None:
+    """bytes_per_s: pace the payload to this rate (a slower link than loopback), chunk by chunk."""
     head = msgpack.packb({**header, "nbytes": len(payload)})
     sock.sendall(struct.pack("!I", len(head)) + head)
-    if payload:
+    if payload and not bytes_per_s:
         sock.sendall(payload)
+    elif payload:
+        view, t0 = memoryview(payload), time.monotonic()
+        for i in range(0, len(view), PACE_CHUNK):
+            sock.sendall(view[i:i + PACE_CHUNK])
+            ahead = t0 + min(i + PACE_CHUNK, len(view)) / bytes_per_s - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytearray:

@@ -172,6 +172,7 @@ class AsyncEngine:
         try:
             if self.kv is not None and self.kv.on_add(request_id, prompt_ids, kv_transfer_params,
                                                       (prompt_ids, params, request_id, arrival, priority)):
+                self.metrics.update_gauges(self.engine)  # its landing blocks count in the KV usage now
                 return  # queued when its KV blocks are in (_kv_tick)
             if kv_transfer_params and self.kv is None and (kv_transfer_params.get("do_remote_decode")
                                                            or kv_transfer_params.get("do_remote_prefill")):

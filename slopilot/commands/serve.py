@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                    help='a prefill/decode role, as vLLM takes it: {"kv_connector": "TcpConnector", '
                         '"kv_role": "kv_producer"|"kv_consumer"|"kv_both"} (optional kv_ip, kv_port, '
-                        'kv_connector_extra_config.lease_timeout_s)')
+                        'kv_connector_extra_config.lease_timeout_s, link, send_bandwidth_gbs)')
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help='publish KV cache events as vLLM does: {"enable_kv_cache_events": true, "publisher": '
                         '"zmq", "endpoint": "tcp://*:5557"} (optional replay_endpoint, topic, buffer_steps, '
