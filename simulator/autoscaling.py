@@ -19,7 +19,8 @@ from autoscaler.policy import Policy
 from autoscaler.reconcile import reconcile
 from autoscaler.schedule import FixedPolicy, SchedulePolicy
 from promql import Evaluator, PromQLError, compile_query
-from simulator.metrics import LAYOUT, quantile_of
+from simulator.metrics import quantile_of
+from simulator.replica_metrics import LAYOUT
 from simulator.steptime import seconds, to_ps
 
 PERCENTILES = (50.0, 90.0, 99.0)

@@ -20,7 +20,7 @@ from engine.core.scheduler import Scheduler, length_left
 from simulator.fastforward import advance_decodes, decode_stretch
 from simulator.kvcount import CountingBlockManager
 from simulator.kvtier import TieredBlockManager
-from simulator.metrics import LAYOUT, ReplicaMetrics
+from simulator.replica_metrics import LAYOUT, ReplicaMetrics
 from simulator.requests import SimSequence
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
 

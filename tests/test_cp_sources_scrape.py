@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from autoscaler.spec import load_spec
 from controlplane.sources.scrape import ScrapeSource, metrics_url
 from engine.core.buckets import ITL_BUCKETS, TTFT_BUCKETS
-from simulator.metrics import LAYOUT, MetricStore, ReplicaMetrics, quantile_of
+from simulator.metrics import MetricStore, quantile_of
+from simulator.replica_metrics import LAYOUT, ReplicaMetrics
 
 SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,

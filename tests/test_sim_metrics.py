@@ -5,15 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from simulator.metrics import (
-    HISTOGRAMS,
-    LAYOUT,
-    MetricStore,
-    ReplicaMetrics,
-    extrapolated_increase,
-    histogram_quantile,
-    quantile_of,
-)
+from simulator.metrics import MetricStore, extrapolated_increase, histogram_quantile, quantile_of
+from simulator.replica_metrics import HISTOGRAMS, LAYOUT, ReplicaMetrics
 
 
 def test_histogram_quantile_interpolates_like_promql():
