@@ -162,6 +162,17 @@ class KVBlockIndex:
                 return 0
             return sum(1 for held in ep.media.values() if medium is None or medium in held)
 
+    def by_medium(self) -> dict[Hashable, dict[str, int]]:
+        """Blocks held, per endpoint and medium (a block on two media counts on each)."""
+        with self._lock:
+            out: dict[Hashable, dict[str, int]] = {}
+            for key, ep in self._eps.items():
+                counts = out.setdefault(key, {})
+                for held in ep.media.values():
+                    for m in held:
+                        counts[m] = counts.get(m, 0) + 1
+            return out
+
     def endpoints(self) -> list[Hashable]:
         with self._lock:
             return list(self._eps)

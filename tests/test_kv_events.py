@@ -275,6 +275,7 @@ def test_router_config_selects_the_precise_scorer_and_checks_its_parameters():
     finally:
         sub.close()
     assert endpoint_key("kv@127.0.0.1:8001@tiny") == "http://127.0.0.1:8001"
+    assert load_router_config(precise_config({})).prefix_block() == 16
     for params, field in (({"zmqEndpoint": "localhost:1"}, "zmqEndpoint"),
                           ({"mediumWeights": {"CPU": 2}}, "mediumWeights"), ({"lru": 1}, "lru")):
         with pytest.raises(ValueError, match=field):

@@ -31,7 +31,7 @@ from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pd import PDSettings, PrefillHop
 from controlplane.router.pool import Pool
-from controlplane.router.precise import kv_feed
+from controlplane.router.precise import KVEventsCollector, kv_feed
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
 from controlplane.router.proxy import error_body, forward, forward_headers
 from controlplane.router.upstream import Upstream, UpstreamError
@@ -54,6 +54,8 @@ class RouterState:
         self.gate = Gate(cfg, self.pool, self.metrics)
         uses_prefix = self.gate.router.uses_prefix
         self.kv_events = kv_feed(cfg, self.gate.router)  # the precise scorer's KV event subscriber
+        if self.kv_events is not None:
+            self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models

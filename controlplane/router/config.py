@@ -27,7 +27,9 @@
 
 Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-cache-utilization-scorer
 (kv), prefix-cache-scorer (prefix), active-request-scorer (load: requests in flight through this
-router), running-requests-scorer (running), session-affinity-scorer (session; the header is a
+router), precise-prefix-cache-scorer (precise_prefix: the blocks each endpoint holds, from its KV events;
+zmqEndpoint, mediumWeights and the prefix scorer's parameters: controlplane.router.precise),
+running-requests-scorer (running), session-affinity-scorer (session; the header is a
 parameter). Pickers: max-score-picker (the weighted policy), round-robin-picker, random-picker,
 least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy). These
 are the plugin types registered with the scorers and pickers (routing.scorers, routing.pickers);

@@ -16,6 +16,9 @@
     slopilot_router_endpoint_healthy{endpoint}
     slopilot_router_bad_samples_total{endpoint}                    /metrics samples skipped (out of range)
     slopilot_router_loop_restarts_total                            times the refresh loop died and restarted
+    slopilot_router_kv_events_{batches,missed,replayed,resyncs,bad}_total, slopilot_router_kv_index_blocks
+                                                                   {endpoint,medium}: the precise scorer's
+                                                                   KV events (controlplane.router.precise)
 """
 
 from __future__ import annotations

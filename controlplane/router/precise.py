@@ -13,6 +13,8 @@ parameters, shared); blocks of another size are ignored and counted.
 
 from __future__ import annotations
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from autoscaler.yamlfile import Document
 from routing.kv_index import DEFAULT_MEDIUM_WEIGHTS, KVBlockIndex
 from routing.kv_subscriber import KVEventSubscriber, llmd_topic_key
@@ -34,7 +36,9 @@ def precise_params(doc: Document, where: tuple, params: dict, cfg) -> dict:
         raise doc.error((*where, "mediumWeights"),
                         "must map medium names (GPU, CPU, ...) to weights in [0, 1]")
     cfg.kv_events_endpoint, cfg.kv_medium_weights = ep, {k: float(v) for k, v in weights.items()}
-    return {k: v for k, v in params.items() if k not in OWN_PARAMS}
+    rest = {k: v for k, v in params.items() if k not in OWN_PARAMS}
+    rest.setdefault("blockSize", 16)  # the engines' (ours and vLLM's GPU default), not 64-byte text blocks
+    return rest
 
 
 def endpoint_key(topic: str) -> str:
@@ -52,3 +56,30 @@ def kv_feed(cfg, router) -> KVEventSubscriber | None:
     sub = KVEventSubscriber(router.kv_index, key_for_topic=endpoint_key)
     sub.bind(cfg.kv_events_endpoint or DEFAULT_ZMQ_ENDPOINT)
     return sub
+
+
+class KVEventsCollector:
+    """The subscriber's counts and the index's size on the router's /metrics, read at scrape time:
+    slopilot_router_kv_events_{batches,missed,replayed,resyncs,bad}_total and
+    slopilot_router_kv_index_blocks{endpoint,medium}."""
+
+    HELP = {"batches": "KV event batches applied", "missed": "KV event batches found missing (sequence gaps)",
+            "replayed": "missing KV event batches recovered from an engine's replay socket",
+            "resyncs": "times an endpoint's blocks were forgotten (an unrecoverable gap, or a restart)",
+            "bad": "messages that were not KV event batches"}
+
+    def __init__(self, sub: KVEventSubscriber):
+        self.sub = sub
+
+    def collect(self):
+        s = self.sub.stats
+        values = {"batches": s.batches, "missed": s.gaps, "replayed": s.replayed, "resyncs": s.resyncs,
+                  "bad": s.bad}
+        for name, help_text in self.HELP.items():
+            yield CounterMetricFamily(f"slopilot_router_kv_events_{name}", help_text, value=values[name])
+        g = GaugeMetricFamily("slopilot_router_kv_index_blocks", "Blocks each endpoint holds, by medium, "
+                              "as its KV events say", labels=["endpoint", "medium"])
+        for ep, counts in self.sub.index.by_medium().items():
+            for medium, n in counts.items():
+                g.add_metric([str(ep), medium], n)
+        yield g

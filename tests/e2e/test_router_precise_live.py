@@ -7,6 +7,7 @@ by side with the simulator's."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 
@@ -78,6 +79,9 @@ def test_precise_scorer_sends_a_prompt_back_to_the_engine_holding_it():
             for _ in range(5):
                 assert post().status_code == 200
             h1, _ = cache_counters(urls)
+            page = httpx.get(router.url + "/metrics", timeout=10, trust_env=False).text
+        assert f'slopilot_router_kv_index_blocks{{endpoint="{holder[0]}",medium="GPU"}}' in page
+        assert "slopilot_router_kv_events_resyncs_total 0.0" in page
         # every repeat found its 10 blocks cached: all went to the one engine holding them
         assert h1 - h0 == 5 * 10 * BLOCK
     finally:
@@ -91,19 +95,26 @@ def test_precise_vs_approximate_on_mooncake_under_kv_pressure():
     import os
 
     n, speedup, kv_blocks = int(os.environ.get("PRECISE_LIVE_N", "1000")), 12, 4500
+    offload = os.environ.get("PRECISE_LIVE_OFFLOAD_GIB")  # e.g. 0.125: an offload tier on each engine
     weights = {"queue": 1.0, "kv": 1.0, "prefix": 4.0}
     rows = read_trace(n)
     max_tokens, times = outputs(rows), arrivals(rows, speedup)
     zmq_port = free_port()
+    tier = ("--kv-offloading-size", offload) if offload else ()
     engines = [EventEngine(zmq_port, "--model", "tiny", "--max-model-len", str(MAX_LEN), "--block-size",
-                           str(BLOCK), "--num-kv-blocks", str(kv_blocks)) for _ in range(3)]
+                           str(BLOCK), "--num-kv-blocks", str(kv_blocks), *tier) for _ in range(3)]
     try:
         wait_healthy(engines, timeout=180)
         urls = [e.url for e in engines]
         ids_a, ids_p = prompts(rows, salt=2), prompts(rows, salt=3)
-        res = {"approximate": live_hit_rate(urls, affinity_config(weights), ids_a, max_tokens, times)}
         precise = {"queue": 1.0, "kv": 1.0, "precise_prefix": 4.0}
-        res["precise"] = live_hit_rate(urls, precise_config(zmq_port, precise), ids_p, max_tokens, times)
+        res, tiers = {}, {}
+        for name, cfg, ids in (("approximate", affinity_config(weights), ids_a),
+                               ("precise", precise_config(zmq_port, precise), ids_p)):
+            (h0, q0), e0 = cache_counters(urls), external_counters(urls)
+            res[name] = live_hit_rate(urls, cfg, ids, max_tokens, times)
+            (h1, q1), e1 = cache_counters(urls), external_counters(urls)
+            tiers[name] = (h1 - h0 + e1[0] - e0[0]) / (q1 - q0)  # device and tier hits over queries
     finally:
         for e in engines:
             e.stop()
@@ -112,7 +123,22 @@ def test_precise_vs_approximate_on_mooncake_under_kv_pressure():
     res["sim_precise"] = simulated_hit_rate({"policy": "weighted", "weights": precise}, ids_p, max_tokens,
                                             times, kv_blocks)
     res["bound"] = single_cache_bound(ids_p)
-    print(f"{n} requests over {times[-1]:.1f} s, 3 engines x {kv_blocks} blocks, prefix-cache hit rate: "
-          + ", ".join(f"{k} {v:.1%}" for k, v in res.items()))
+    print(f"{n} requests over {times[-1]:.1f} s, 3 engines x {kv_blocks} blocks, offload tier {offload} GiB, "
+          "device prefix-cache hit rate: " + ", ".join(f"{k} {v:.1%}" for k, v in res.items())
+          + "; device or offload tier: "
+          + ", ".join(f"{k} {v:.1%}" for k, v in tiers.items()))
     assert res["precise"] >= 0.95 * res["approximate"]
-    assert abs(res["precise"] - res["sim_precise"]) <= 0.10
+    if not offload:  # the simulator here has no tier
+        assert abs(res["precise"] - res["sim_precise"]) <= 0.10
+
+
+def external_counters(urls: list[str]) -> tuple[float, float]:
+    """(hit tokens, queried tokens) of the engines' offload tiers (vLLM's external prefix cache)."""
+    hits = queries = 0.0
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+        hits += sum(float(v) for v in re.findall(
+            r"^vllm:external_prefix_cache_hits_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+        queries += sum(float(v) for v in re.findall(
+            r"^vllm:external_prefix_cache_queries_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+    return hits, queries
