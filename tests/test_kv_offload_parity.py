@@ -48,12 +48,15 @@ def drive(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int], rn
 def run_case(seed: int, n_requests: int) -> dict[str, float]:
     rng = random.Random(seed)
     prompts = conversations(n_requests, rng)
-    max_tokens = [rng.randrange(1, 9) for _ in prompts]
+    # a few long answers: decodes that outgrow the pool preempt, and the recompute may hit the tier
+    max_tokens = [rng.randrange(1, 9) if rng.random() < 0.85 else rng.randrange(30, 80) for _ in prompts]
     device_blocks = rng.randrange(28, 48)  # a few conversations' worth: constant eviction
     tier_slots = rng.choice((8, 40, 160, 600))  # from thrashing to holding nearly everything
     seqs = rng.randrange(1, 5)
+    chunked = rng.random() < 0.75  # off: each prompt whole in one step, so the budget holds a whole one
+    budget = rng.choice((64, 512)) if chunked else 1024
     common = dict(model="tiny", num_kv_blocks=device_blocks, max_num_seqs=seqs, block_size=BLOCK,
-                  max_num_batched_tokens=rng.choice((64, 512)))
+                  enable_chunked_prefill=chunked, max_num_batched_tokens=budget)
     fresh = LLMEngine(EngineArgs(**common, enable_prefix_caching=False))
     tiered = LLMEngine(EngineArgs(**common, kv_offloading_size=tier_slots * TINY_BLOCK_BYTES / 2**30))
     assert tiered.block_manager.offload.num_slots == tier_slots
@@ -66,13 +69,17 @@ def run_case(seed: int, n_requests: int) -> dict[str, float]:
     assert bm.check_no_leak() == []  # device pool and the tier's books both clean
     tier = bm.offload
     return {"loaded": tier.loaded_blocks, "stored": tier.stored_blocks, "evicted": tier.index.evictions,
+            "preemptions": tiered.scheduler.num_preemptions, "chunked": chunked,
             "hit_tokens": bm.offload_hits, "device_hit_tokens": bm.prefix_cache_hits}
 
 
-def check_exercised(stats: list[dict[str, float]]) -> None:
+def check_exercised(stats: list[dict[str, float]], every_path: bool = False) -> None:
     assert all(s["loaded"] > 0 and s["stored"] > 0 for s in stats), stats  # the tier was really used
     assert any(s["evicted"] > 0 for s in stats), stats  # and its own LRU overflowed somewhere
     assert all(s["hit_tokens"] == s["loaded"] * BLOCK for s in stats), stats
+    if every_path:  # preempted requests recomputed, and prompts whole (chunked prefill off) and chunked
+        assert any(s["preemptions"] > 0 for s in stats), stats
+        assert {s["chunked"] for s in stats} == {True, False}, stats
 
 
 def test_restored_blocks_match_fresh_fast():
@@ -81,4 +88,4 @@ def test_restored_blocks_match_fresh_fast():
 
 @pytest.mark.slow
 def test_restored_blocks_match_fresh_1000():
-    check_exercised([run_case(seed, 100) for seed in range(100, 110)])  # 1,000 requests
+    check_exercised([run_case(seed, 100) for seed in range(100, 110)], every_path=True)  # 1,000 requests
