@@ -28,3 +28,7 @@ def test_emulated_server_reports_tier_hits():
     assert values["vllm:external_prefix_cache_queries_total"] == bm.offload_queries
     assert values["vllm:kv_offload_load_bytes_total"] == tier.loaded_blocks * 8192
     assert values["slopilot:kv_offload_blocks"] == len(tier.index)
+    info = [x.labels for f in text_string_to_metric_families(text) for x in f.samples
+            if x.name == "vllm:cache_config_info"][0]
+    assert (info["kv_offloading_size"], info["kv_offloading_backend"], info["num_cpu_blocks"]) == \
+        ("0.0001", "native", "13")

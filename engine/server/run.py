@@ -70,8 +70,13 @@ def build_server(engine: LLMEngine, model_name: str, *, api_key: str | None = No
     """health_hold: seconds /health answers 503 after start, as while a real server loads weights.
     kv_transfer: an engine.kv_transfer KVTransferConfig (a P/D role), or None."""
     bm = engine.block_manager
+    args = engine.args
     cache_info = {"block_size": bm.block_size, "num_gpu_blocks": bm.num_blocks, "cache_dtype": "auto",
-                  "enable_prefix_caching": bm.enable_prefix_caching}
+                  "enable_prefix_caching": bm.enable_prefix_caching,
+                  # vLLM's labels for its offload settings; num_cpu_blocks: the tier's blocks here
+                  "kv_offloading_size": args.kv_offloading_size,
+                  "kv_offloading_backend": args.kv_offloading_backend,
+                  "num_cpu_blocks": bm.offload.num_slots if bm.offload is not None else None}
     metrics = EngineMetrics(model_name, engine.max_model_len, cache_info, offload=bm.offload is not None)
     metrics.update_gauges(engine)
     async_engine = AsyncEngine(engine, metrics)
