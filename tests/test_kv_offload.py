@@ -246,3 +246,16 @@ def test_metrics_name_tier_hits_as_vllm_does():
     assert values["vllm:kv_offload_store_bytes_total"] == bm.offload.stored_blocks * 16 * 64 > 0
     plain = EngineMetrics("emu", 1024).render().decode()
     assert "external_prefix_cache" not in plain and "kv_offload" not in plain
+
+
+def test_a_fleet_file_passes_the_offload_flags_to_its_replicas():
+    from controlplane.fleet.config import load_fleet_config
+    from slopilot.commands.fleet import serve_flags
+
+    cfg = load_fleet_config({"name": "x", "emulate": "llama-3.1-70b@h100-sxm-tp4-bf16", "replicas": 1,
+                             "max_replicas": 1,
+                             "engine": {"kv_offloading_size": 256, "kv_offloading_bandwidth": 256}},
+                            engine_flags=serve_flags())
+    args = cfg.serve_args(9000)
+    assert args[args.index("--kv-offloading-size") + 1] == "256"
+    assert args[args.index("--kv-offloading-bandwidth") + 1] == "256"
