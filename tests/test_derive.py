@@ -38,7 +38,7 @@ def test_catalog_has_every_gpu_and_model_with_sources():
     raw = json.loads((CATALOG_DIR / "gpus.json").read_text())
     for name in gpu_names():
         sheet = raw[name]
-        for field in ("tflops", "hbm_gbs", "memory_gib", "link_gbs"):  # every number names its source
+        for field in ("tflops", "hbm_gbs", "memory_gib", "link_gbs", "boost_mhz"):  # every number: a source
             assert sheet["sources"].get(field), (name, field)
     for name in config_names():
         assert json.loads((CATALOG_DIR / "models" / f"{name}.json").read_text())["_source"].startswith(
@@ -198,34 +198,72 @@ def test_sources_are_named_in_the_docs():
     assert "python -m simulator.latency.derive_fit" in doc
 
 
-# --- the held-out fit (targets: decode MAPE <= 10%, prefill <= 15% on every split; NOT reached, see
-# docs/latency_models.md) -- each bound below is what the fit reaches, rounded up, so a regression fails
+# --- the held-out fit. Targets (issue 28): decode MAPE <= 10%, prefill <= 15% on every split. Met in 10
+# of the 18 (split, phase) cells; the 8 others are listed with what the fit reaches there (rounded up),
+# so a regression fails and a cell that starts meeting its target shows up here. Why they miss, with
+# the measurement behind it: docs/latency_models.md ("Where the targets are missed").
 
-REACHED = {  # split -> (decode MAPE %, prefill MAPE %) the derived model reaches on the held-out rows
-    "GPU: fit a100-80gb, predict h100-sxm": (25, 23),
-    "GPU: fit h100-sxm, predict a100-80gb": (23, 23),
-    "model: predict BLOOM-176B": (10, 25),
-    "model: predict OPT-13B+66B": (25, 25),
-    "TP: predict TP 1": (39, 9),
-    "TP: predict TP 2": (10, 12),
-    "TP: predict TP 3": (7, 9),
-    "TP: predict TP 4": (12, 11),
-    "TP: predict TP 8": (16, 17),
+TARGET = {"decode": 10.0, "prefill": 15.0}
+MISSED = {  # (split, phase) -> the held-out MAPE % the derived model reaches there
+    ("GPU: fit a100-80gb, predict h100-sxm", "prefill"): 17,
+    ("GPU: fit h100-sxm, predict a100-80gb", "decode"): 25,
+    ("GPU: fit h100-sxm, predict a100-80gb", "prefill"): 20,
+    ("model: predict BLOOM-176B", "prefill"): 23,
+    ("model: predict OPT-13B+66B", "decode"): 28,
+    ("model: predict OPT-13B+66B", "prefill"): 23,
+    ("TP: predict TP 1", "decode"): 35,
+    ("TP: predict TP 8", "decode"): 12,
+}
+SPLITS = {
+    "GPU: fit a100-80gb, predict h100-sxm",
+    "GPU: fit h100-sxm, predict a100-80gb",
+    "model: predict BLOOM-176B",
+    "model: predict OPT-13B+66B",
+    *(f"TP: predict TP {tp}" for tp in (1, 2, 3, 4, 8)),
 }
 
 
 @pytest.mark.slow
 def test_heldout_fit_on_measured_profiles(shared_data):
+    """Efficiencies fitted on the other rows only, errors on the held-out rows (derive_fit.splits)."""
     from simulator.latency.derive_fit import evaluate, measured_groups
 
     groups, _ = measured_groups(shared_data)
     rows = {r["split"]: r for r in evaluate(groups)}
-    assert set(rows) == set(REACHED)
-    for split, (decode, prefill) in REACHED.items():
-        d, plain = rows[split]["derived"], rows[split]["roofline"]
-        assert d["decode"]["mape"] <= decode and d["prefill"]["mape"] <= prefill, (split, d)
-        for phase in ("decode", "prefill"):  # the fitted efficiencies beat the plain roofline everywhere
-            assert d[phase]["mape"] < plain[phase]["mape"], (split, phase)
+    assert set(rows) == SPLITS
+    for split, row in rows.items():
+        for phase, target in TARGET.items():
+            mape = row["derived"][phase]["mape"]
+            assert mape <= MISSED.get((split, phase), target), (split, phase, mape)
+            # the fitted model beats the plain roofline everywhere and BLIS's roofline where it is
+            # not a cross-engine split (BLIS is better on TP 1 decode: 17.5% vs our 27-34%)
+            assert mape < row["roofline"][phase]["mape"], (split, phase)
+            if (split, phase) != ("TP: predict TP 1", "decode"):
+                assert mape < row["blis"][phase]["mape"], (split, phase)
+    met = sum(rows[s]["derived"][p]["mape"] <= t for s in rows for p, t in TARGET.items())
+    assert met >= 18 - len(MISSED)
+
+
+def test_overheads_run_at_the_gpu_clock():
+    """The fitted fixed costs are A100 time; another GPU runs them at its boost clock."""
+    a100 = derive("llama-2-70b", "a100-80gb", 8, "bf16").params["overhead_ms"]
+    h100 = derive("llama-2-70b", "h100-sxm", 8, "bf16").params["overhead_ms"]
+    assert a100 / h100 == pytest.approx(1980 / 1410)
+
+
+def test_blis_roofline_baseline_by_hand():
+    """BLIS's roofline on one decode step, worked by hand from its formulas (see blis_roofline.py):
+    Llama-2-70B at TP 2 on H100, one sequence at 1,000 tokens of context."""
+    from simulator.latency.blis_roofline import blis_step_ms
+
+    d, layers, d_kv, d_ff = 8192.0, 80, 1024.0, 28672.0
+    weights = layers * (d * (d + 2 * d_kv) + d * d + 3 * d * d_ff) * 2
+    dynamic = 2 * layers * d_kv * 2 * (1 + 1000 * 0.80) + layers * d * 2 * 0.75
+    memory_s = (weights + dynamic) / 2 / (3.35e12 * 0.72 * 0.92)
+    shape = {k: [0] for k in ("prefill_tokens", "prefill_context", "prefill_seqs")}
+    shape.update(decode_seqs=[1], decode_context=[1000])
+    got = blis_step_ms(get_arch("llama-2-70b"), "h100-sxm", 2, shape)[0]
+    assert got == pytest.approx(1e3 * (memory_s + 2 * 80 * 20e-6 + 500e-6), rel=1e-6)
 
 
 def test_fit_on_all_rows_is_reproducible(shared_data):
@@ -459,3 +497,49 @@ def test_moe_round_trips_and_rejects_bad_routing(tmp_path):
     bad = dict(m.params, moe_topk=9.0)
     with pytest.raises(ValueError, match="moe_topk"):
         LatencyModel(m.device, m.model, m.dtype, m.tp, bad)
+
+
+# the measurement behind the missed cross-engine cells (docs/latency_models.md): the fixed part of a
+# batch-1 decode step (its time less the weights' read at the HBM peak), ms, per measured group
+FIXED_DECODE_MS = {
+    "llama-2-70b/a100-80gb/tp2": 20.0,
+    "llama-2-70b/a100-80gb/tp4": 25.6,
+    "llama-2-70b/a100-80gb/tp8": 34.6,
+    "llama-2-70b/h100-sxm/tp2": 16.7,
+    "llama-2-70b/h100-sxm/tp4": 18.1,
+    "llama-2-70b/h100-sxm/tp8": 24.7,
+    "bloom-176b/a100-80gb/tp8": 26.0,
+    "bloom-176b/h100-sxm/tp8": 22.6,
+    "opt-66b/a100-80gb/tp2": 25.3,
+    "opt-66b/a100-80gb/tp3": 23.7,
+    "opt-66b/a100-80gb/tp4": 23.7,
+    "opt-66b/a100-80gb/tp8": 23.2,
+    "opt-13b/a100-80gb/tp1": 11.0,
+    "opt-13b/a100-80gb/tp2": 18.3,
+    "opt-13b/a100-80gb/tp4": 22.8,
+}
+
+
+def test_fixed_decode_costs_of_the_two_engines(shared_data):
+    import numpy as np
+
+    from simulator.latency.catalog import get_gpu
+    from simulator.latency.derive_fit import measured_groups
+
+    groups, _ = measured_groups(shared_data)
+    fixed = {}
+    for g in groups:
+        arch, gpu, s = get_arch(g.model), get_gpu(g.gpu), g.shape
+        stored, _ = arch.linear_params(g.tp)
+        weights_ms = 1e3 * (stored + arch.head_params(g.tp)) * 2 / (gpu.hbm_gbs * 1e9)
+        dec = np.flatnonzero(s["prefill_tokens"] == 0)
+        first = dec[np.lexsort((s["decode_context"][dec], s["decode_seqs"][dec]))[0]]
+        assert s["decode_seqs"][first] == 1
+        fixed[g.key] = g.y[first] - weights_ms
+    assert fixed == pytest.approx(FIXED_DECODE_MS, abs=0.06)
+    # Splitwise's grows with TP on A100 (+15 ms from TP 2 to 8); DistServe's is flat past TP 2
+    assert fixed["llama-2-70b/a100-80gb/tp8"] - fixed["llama-2-70b/a100-80gb/tp2"] > 14
+    assert abs(fixed["opt-66b/a100-80gb/tp8"] - fixed["opt-66b/a100-80gb/tp2"]) < 2.5
+    # the same model and TP costs 1.15-1.45x more fixed time on A100 than on H100 (boost clocks: 1.40x)
+    for key in ("llama-2-70b/{}/tp2", "llama-2-70b/{}/tp4", "llama-2-70b/{}/tp8", "bloom-176b/{}/tp8"):
+        assert 1.1 < fixed[key.format("a100-80gb")] / fixed[key.format("h100-sxm")] < 1.5

@@ -25,6 +25,7 @@ class Gpu:
     memory_gib: float
     link_gbs: float  # one direction, per GPU
     sources: dict[str, str]
+    boost_mhz: float = 1410.0  # SM boost clock: small latency-bound kernels run at it
 
     def peak_flops(self, dtype: str) -> float:
         """Dense FLOP/s of a matmul in dtype; a dtype the GPU lacks runs weight-only at 16 bits."""
@@ -56,6 +57,7 @@ def get_gpu(name: str) -> Gpu:
         float(d["memory_gib"]),
         float(d["link_gbs"]),
         dict(d["sources"]),
+        float(d["boost_mhz"]),
     )
 
 

@@ -10,7 +10,8 @@ time (whichever is larger) over an efficiency (the achieved fraction of peak), p
                decode:  max(KV bytes read / (HBM * e_kv), its FLOPs / (peak[bf16] * e_attn))
     comm       2 all-reduces a layer (TP > 1): ring bytes / (link * e_comm), plus a latency each of
                o_allreduce + o_allreduce_hop * (tp - 1)
-    overheads  o_step + o_layer * layers, o_prefill when the step prefills, o_seq per sequence
+    overheads  o_step + o_layer * layers, o_prefill when the step prefills, o_seq per sequence,
+               each scaled by A100's boost clock / the GPU's (small latency-bound kernels)
 
 all per GPU at tensor-parallel degree tp (vLLM's sharding). These map one-to-one onto the
 coefficients of the fitted latency model (simulator/latency/model.py), so a derived model is an
@@ -57,6 +58,7 @@ OVERHEADS = (
 KNOBS = (*EFFICIENCIES, *OVERHEADS, "roof_p", "gen_mm")
 PLAIN = {**dict.fromkeys(EFFICIENCIES, 1.0), **dict.fromkeys(OVERHEADS, 0.0), "roof_p": 8.0, "gen_mm": 0.0}
 REF_PEAK = 312e12  # the bf16 peak gen_mm is relative to (A100's)
+REF_CLOCK = 1410.0  # MHz: the overheads are fitted in A100 time (A100's boost clock)
 EFFICIENCY_FILE = CATALOG_DIR / "efficiency.json"
 # a derived model's name: CONFIG@GPU-tpN-DTYPE[-kvDTYPE], e.g. llama-3.1-70b@h200-tp4-fp8-kvfp8
 NAME = re.compile(
@@ -157,6 +159,10 @@ def step_params(arch: Arch, gpu: Gpu, tp: int, dtype: str, kv_dtype: str, eff: d
     routed = arch.routed_expert_params(tp) * BYTES[dtype]
     floor_bytes = stored * BYTES[dtype] - routed + head * BYTES["bf16"]
     e_mm = min(eff["e_mm"] * (peak_16 / REF_PEAK) ** -eff["gen_mm"], 1.0)
+    # the fixed costs (kernel launches and small latency-bound kernels, all-reduce latency) are
+    # fitted in A100 time and run at the GPU's SM clock: Splitwise's fixed decode cost of the same
+    # model and TP is 1.2-1.5x larger on A100 than on H100, whose boost clock is 1.40x A100's
+    eff = {**eff, **{k: eff[k] * REF_CLOCK / gpu.boost_mhz for k in OVERHEADS}}
     mm = lambda flops, peak: 1e3 * flops / (peak * e_mm)  # noqa: E731  (ms)
     token = mm(2 * active, peak_w)
     head_token = mm(2 * head, peak_16)  # the output head runs for each sampled token only

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from simulator.latency.blis_roofline import blis_errors
 from simulator.latency.catalog import get_arch, get_gpu
 from simulator.latency.convert import DISTSERVE_COLUMNS, SPLITWISE_COLUMNS, distserve_rows, splitwise_rows
 from simulator.latency.derive import EFFICIENCY_FILE, KNOBS, PLAIN, memory, step_params
@@ -197,6 +198,7 @@ def evaluate(groups: list[Group]) -> list[dict]:
                 "test": sorted({g.key for g in test}),
                 "derived": errors(test, eff),
                 "roofline": errors(test, PLAIN),
+                "blis": blis_errors(test),
             }
         )
     return rows
@@ -205,23 +207,21 @@ def evaluate(groups: list[Group]) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'held-out split':<34} {'rows':>5} | {'derived decode':>15} {'prefill':>15} | "
-        f"{'roofline decode':>15} {'prefill':>15}"
+        f"{'roofline decode':>15} {'prefill':>15} | {'BLIS decode':>15} {'prefill':>15}"
     )
-    lines = [
-        head,
-        f"{'':<34} {'':>5} | {'MAPE / p90 %':>15} {'MAPE / p90 %':>15} | {'MAPE / p90 %':>15} "
-        f"{'MAPE / p90 %':>15}",
-    ]
+    mp = f"{'MAPE / p90 %':>15}"
+    lines = [head, f"{'':<34} {'':>5} | {mp} {mp} | {mp} {mp} | {mp} {mp}"]
     for r in rows:
 
         def cell(t: dict, phase: str) -> str:
             e = t.get(phase)
             return f"{e['mape']:6.1f} / {e['p90_ape']:6.1f}" if e else "-"
 
-        d, f = r["derived"], r["roofline"]
+        d, f, b = r["derived"], r["roofline"], r["blis"]
         lines.append(
             f"{r['split']:<34} {d['all']['rows']:>5} | {cell(d, 'decode'):>15} {cell(d, 'prefill'):>15} | "
-            f"{cell(f, 'decode'):>15} {cell(f, 'prefill'):>15}"
+            f"{cell(f, 'decode'):>15} {cell(f, 'prefill'):>15} | "
+            f"{cell(b, 'decode'):>15} {cell(b, 'prefill'):>15}"
         )
     return "\n".join(lines)
 
@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                         "test": r["test"],
                         "heldout_error_pct": r["derived"],
                         "plain_roofline_error_pct": r["roofline"],
+                        "blis_roofline_error_pct": r["blis"],
                     }
                     for r in rows
                 ],
