@@ -143,11 +143,14 @@ class EventRecorder:
 
     def _add_stored(self, hashes: list[int], parent: int | None, token_ids, medium: str) -> None:
         last = self.pending[-1] if self.pending else None
-        if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent:
+        if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent \
+                and last.token_ids and token_ids:
             last.block_hashes.extend(hashes)  # the next block of the same prompt
             last.token_ids.extend(token_ids)
             return
-        self.pending.append(BlockStored(list(hashes), parent, list(token_ids), self.block_size, medium))
+        # without tokens (a block landed by KV transfer): vLLM's placeholder, block size 0
+        self.pending.append(BlockStored(list(hashes), parent, list(token_ids),
+                                        self.block_size if token_ids else 0, medium))
 
     def removed(self, hashes: list[int], medium: str | None = None) -> None:
         self._count(hashes, -1)

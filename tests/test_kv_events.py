@@ -280,3 +280,21 @@ def test_router_config_selects_the_precise_scorer_and_checks_its_parameters():
                           ({"mediumWeights": {"CPU": 2}}, "mediumWeights"), ({"lru": 1}, "lru")):
         with pytest.raises(ValueError, match=field):
             load_router_config(precise_config(params))
+
+
+def test_blocks_without_tokens_go_as_placeholders_and_a_native_index_keeps_them():
+    from engine.core.block_manager import BlockManager
+    from engine.kv_events import EventRecorder
+
+    bm = BlockManager(8, 4)
+    rec = bm.listener = EventRecorder(4)
+    bm.register(3, 12345)  # a block landed from a prefill engine: hash only
+    (placeholder,) = rec.take()
+    assert placeholder == BlockStored([12345], None, [], 0, "GPU")
+    assert decode_batch(encode_batch(EventBatch(0.0, [placeholder]))).events == [placeholder]
+    index = KVBlockIndex(4)
+    toks = [5, 6, 7, 8]
+    index.apply("ours", [BlockStored(prefix_hashes(toks, 4), None, toks, 4), placeholder])
+    assert index.blocks("ours") == 2 and index.orphans == 0  # native hashes: kept as they are
+    index.apply("theirs", [BlockStored([b"x"], None, toks, 4), placeholder])
+    assert index.blocks("theirs") == 1 and index.orphans == 1  # foreign hashes: no key without tokens

@@ -203,6 +203,8 @@ class BlockManager:
         if self.enable_prefix_caching and h not in self.cached and block not in self.block_hash:
             self.cached[h] = block
             self.block_hash[block] = h
+            if self.listener is not None:  # its tokens are not known here: a placeholder, as vLLM sends
+                self.listener.stored([h], None, [])
 
     def release(self, blocks: list[int]) -> None:
         for b in reversed(blocks):
