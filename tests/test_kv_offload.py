@@ -259,3 +259,21 @@ def test_a_fleet_file_passes_the_offload_flags_to_its_replicas():
     args = cfg.serve_args(9000)
     assert args[args.index("--kv-offloading-size") + 1] == "256"
     assert args[args.index("--kv-offloading-bandwidth") + 1] == "256"
+
+
+def test_admit_without_room_for_restored_blocks_refuses_and_leaks_nothing():
+    bm = tiered_bm(device_blocks=4, slots=4)
+    sched = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=64)
+    a = list(range(100, 109))
+    run_to_end(sched, Sequence(a, SamplingParams(max_tokens=1), "a"))
+    run_to_end(sched, Sequence(list(range(200, 215)), SamplingParams(max_tokens=1), "b"))
+    hold = Sequence(list(range(300, 315)), SamplingParams(max_tokens=1), "hold")
+    bm.admit(hold, [], [])
+    assert bm.append_slots(hold, 15)  # every block referenced: none left for a's restore
+    again = Sequence(a)
+    blocks, hashes = bm.lookup_prefix(again)
+    assert OFFLOADED in blocks and not bm.can_admit(again, blocks, 1)
+    with pytest.raises(RuntimeError, match="call can_admit first"):
+        bm.admit(again, blocks, hashes)
+    bm.free(hold)
+    assert bm.check_no_leak() == []  # no share kept, no pin left

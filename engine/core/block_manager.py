@@ -113,8 +113,9 @@ class BlockManager:
         tier = self.offload
         tier.pin(hashes)  # the stores that the allocation below triggers must not drop these
         blocks = self.allocator.allocate(len(where))
-        if blocks is None:
+        if blocks is None:  # can_admit said there was room: undo the shares taken, then refuse
             tier.unpin(hashes)
+            self.release([b for b in table if b != OFFLOADED])
             raise RuntimeError(f"admit needs {len(where)} free blocks for offloaded prefix blocks "
                                f"(call can_admit first)")
         self._evict_all(blocks)
