@@ -298,3 +298,19 @@ def test_blocks_without_tokens_go_as_placeholders_and_a_native_index_keeps_them(
     assert index.blocks("ours") == 2 and index.orphans == 0  # native hashes: kept as they are
     index.apply("theirs", [BlockStored([b"x"], None, toks, 4), placeholder])
     assert index.blocks("theirs") == 1 and index.orphans == 1  # foreign hashes: no key without tokens
+
+
+def test_an_endpoint_that_leaves_the_pool_leaves_the_index():
+    from controlplane.router.app import build_router_app
+    from controlplane.router.config import load_router_config
+
+    cfg = load_router_config(precise_config({"zmqEndpoint": "tcp://127.0.0.1:0"}))
+    urls = ["http://127.0.0.1:9"]
+    st = build_router_app(cfg, lambda: list(urls)).st
+    try:
+        st.pool.sync(urls)
+        st.kv_events.index.store_keys("http://127.0.0.1:9", [1, 2, 3])
+        st.pool.sync([])
+        assert st.kv_events.index.endpoints() == []
+    finally:
+        st.kv_events.close()

@@ -56,6 +56,7 @@ class RouterState:
         self.kv_events = kv_feed(cfg, self.gate.router)  # the precise scorer's KV event subscriber
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
+            self.pool.on_leave = self.kv_events.index.forget
         self.reader = PromptReader(load_tokenizer(cfg.tokenizer, cfg.bos_token_id), cfg.prefix_block(),
                                    hashes=uses_prefix)
         self.upstream: Upstream | None = None  # proxied requests, scrapes, health checks, /v1/models

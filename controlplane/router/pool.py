@@ -42,6 +42,7 @@ class Pool:
         self._next_id = 0
         self._routable: list[Endpoint] | None = None  # cached; reset whenever health or membership changes
         self.on_change: Callable[[], None] = lambda: None  # the gate's pump: capacity may have freed
+        self.on_leave: Callable[[str], None] = lambda url: None  # an endpoint left (its cached blocks too)
         self.loop_alive = False  # the refresh loop runs (False while it restarts after dying)
         self.loop_restarts = 0
         self.refreshed_at = clock()  # when the last refresh round finished
@@ -64,6 +65,7 @@ class Pool:
                 if ep.outstanding == 0:
                     del self.endpoints[url]
                     self.metrics.forget(url, self.name)
+                    self.on_leave(url)
                     log.info("endpoint %s left", url)
         self._routable = None
 
