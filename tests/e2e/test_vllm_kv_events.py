@@ -42,7 +42,7 @@ def vllm_with_events():
     server = VllmServer("--kv-events-config", json.dumps(cfg), log_name="vllm-serve-kv-events.log")
     try:
         server.wait_ready()
-        yield server, sub
+        yield server, sub, f"tcp://127.0.0.1:{replay}"
     finally:
         server.stop()
         server.log.close()
@@ -61,7 +61,7 @@ def complete(url: str, prompt: list[int]) -> None:
 
 
 def test_index_from_vllm_events_predicts_vllm_prefix_hits(vllm_with_events):
-    server, sub = vllm_with_events
+    server, sub, replay = vllm_with_events
     rng = random.Random(7)
     index = sub.index
     warm = [rng.randrange(3, 2000) for _ in range(300)]
@@ -95,3 +95,12 @@ def test_index_from_vllm_events_predicts_vllm_prefix_hits(vllm_with_events):
     assert sub.stats.bad == 0 and index.orphans == 0 and index.mismatched == 0
     media = {m for held in index._eps[KEY].media.values() for m in held}
     assert media == {"GPU"}  # vLLM names its own KV pool GPU, on the CPU build too
+    # vLLM's replay socket: a subscriber that heard nothing asks for every batch from 0 and rebuilds
+    # the same index
+    late = KVEventSubscriber(KVBlockIndex())
+    try:
+        assert late._replay(KEY, replay, 0, sub.last_seq[KEY] + 1)
+        assert late.stats.replayed == sub.last_seq[KEY] + 1
+        assert late.index._eps[KEY].media == index._eps[KEY].media
+    finally:
+        late.close()
