@@ -9,6 +9,9 @@ __init__ that runs only because a submodule was imported: there only its module-
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,19 @@ def _imports(name: str, path: Path, known: dict[str, Path], top_level: bool = Fa
 
 
 def _graph(top_level: bool = False) -> dict[str, set[str]]:
+    try:
+        return _graph_here(top_level)
+    except SystemError:
+        # CPython 3.11.7's ast can be left in a bad state by an earlier failure in the same process
+        # ("AST constructor recursion depth mismatch", gh-106905): read the source in a fresh one
+        code = ("import json, sys; from tests.test_layering import _graph_here; "
+                "print(json.dumps({k: sorted(v) for k, v in _graph_here(sys.argv[1] == '1').items()}))")
+        out = subprocess.run([sys.executable, "-c", code, "1" if top_level else "0"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return {k: set(v) for k, v in json.loads(out).items()}
+
+
+def _graph_here(top_level: bool = False) -> dict[str, set[str]]:
     known = _modules()
     return {name: _imports(name, path, known, top_level) for name, path in known.items()}
 

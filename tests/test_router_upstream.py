@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from controlplane.router.upstream import Upstream, UpstreamError
+from controlplane.router.answer import UpstreamError
+from controlplane.router.upstream import Upstream
 
 
 def chunked(*parts: bytes) -> bytes:

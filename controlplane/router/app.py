@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.batch.service import BatchService, is_batch_path
+from controlplane.router.answer import UpstreamError
 from controlplane.router.config import RouterConfig
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
@@ -34,7 +35,7 @@ from controlplane.router.pool import Pool
 from controlplane.router.precise import KVEventsCollector, kv_feed
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
 from controlplane.router.proxy import error_body, forward, forward_headers
-from controlplane.router.upstream import Upstream, UpstreamError
+from controlplane.router.upstream import Upstream
 
 log = logging.getLogger("slopilot.router")
 

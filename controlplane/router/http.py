@@ -3,7 +3,7 @@ task per request, answers written straight to the socket.
 
 Why not uvicorn and ASGI: a routed stream is a relay, and through ASGI every upstream chunk wakes the
 handler task, builds a message dict and goes through the server's send; here the upstream client's
-callback writes each chunk to the client's socket itself (controlplane.router.upstream.Response.relay),
+callback writes each chunk to the client's socket itself (controlplane.router.answer.Response.relay),
 and a client that goes away closes the upstream request at once, with no task watching for it.
 
     server = HttpServer(handle, startup, shutdown, "127.0.0.1", 8080)   # controlplane.router.httpserver

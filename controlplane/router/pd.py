@@ -27,12 +27,13 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
+from controlplane.router.answer import UpstreamError
 from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import Endpoint
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
-from controlplane.router.upstream import Upstream, UpstreamError
+from controlplane.router.upstream import Upstream
 from routing.router import Router
 
 MAX_ANSWER = 1 << 20  # a 1-token answer is small

@@ -20,9 +20,10 @@ import asyncio
 import json
 import time
 
+from controlplane.router.answer import AnswerTooLarge, Response, UpstreamError, UpstreamTimeout
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.http import Connection
-from controlplane.router.upstream import AnswerTooLarge, Response, Upstream, UpstreamError, UpstreamTimeout
+from controlplane.router.upstream import Upstream
 
 HOP_BY_HOP = {b"host", b"content-length", b"accept-encoding", b"connection", b"keep-alive",
               b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-authorization",
