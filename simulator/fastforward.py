@@ -33,6 +33,8 @@ def decode_stretch(sched: Scheduler) -> tuple[int, bool]:
     running = sched.running
     if not running or len(running) > sched.max_num_batched_tokens:
         return 0, False
+    if sched.background_priority is not None:  # paused background requests: not every one runs
+        return 0, False
     limit = max_len = sched.max_model_len
     for s in running:
         if len(s.token_ids) - s.num_computed_tokens != 1 or s.num_computed_tokens < s.num_prompt_tokens:
