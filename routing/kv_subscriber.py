@@ -29,6 +29,7 @@ from routing.kv_index import KVBlockIndex
 log = logging.getLogger("routing.kv_subscriber")
 
 REPLAY_TIMEOUT_S = 1.0
+MAX_MESSAGE_BYTES = 64 << 20  # a step's batch is KBs to a few MBs; a larger message drops its sender
 
 
 def llmd_topic_key(topic: str) -> str:
@@ -77,6 +78,7 @@ class KVEventSubscriber:
 
     def _add(self, key, endpoint: str, replay: str | None, topic: str, bind: bool) -> None:
         sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         try:
             sock.bind(endpoint) if bind else sock.connect(endpoint)
@@ -170,6 +172,7 @@ class KVEventSubscriber:
         """Ask the engine for batches start..stop-1 and apply them; False when it cannot give them all."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         got: list[tuple[int, EventBatch]] = []
         try:
             sock.connect(endpoint)
@@ -183,6 +186,8 @@ class KVEventSubscriber:
                     break
                 if start <= seq < stop:
                     got.append((seq, decode_batch(frames[3])))
+                    if len(got) > stop - start:  # more than asked for: not a replay we can trust
+                        return False
             else:
                 return False  # no end marker in time
         except (zmq.ZMQError, DecodeError) as exc:
