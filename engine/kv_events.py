@@ -6,8 +6,10 @@ does. The publisher sends (topic, 8-byte big-endian sequence number, msgpack bat
 (bound when the endpoint has `*`, `::`, ipc:// or inproc://, else connected to a subscriber that
 binds, as vLLM decides), keeps the last `buffer_steps` batches, and answers a replay request on the
 optional ROUTER socket (the start sequence, 8 bytes big-endian) with every buffered batch from there
-on, then an end marker (sequence -1, empty payload). Its first batch, sequence 0, is AllBlocksCleared,
-so a subscriber that sees the sequence start again knows the engine restarted with an empty cache.
+on, then an end marker (sequence -1, empty payload); asked for more than the buffer holds, the engine
+also publishes a full re-read at its next step (AllBlocksCleared, then every block held). Its first
+batch, sequence 0, is AllBlocksCleared, so a subscriber that sees the sequence start again knows the
+engine restarted with an empty cache.
 """
 
 from __future__ import annotations
@@ -164,6 +166,23 @@ class EventRecorder:
     def cleared(self) -> None:
         self.pending.append(AllBlocksCleared())
 
+    def snapshot(self, bm) -> list[Event]:
+        """A full re-read: AllBlocksCleared, then every block the device and the tier hold (parents
+        first where known), as a subscriber that lost track needs them."""
+        events: list[Event] = [AllBlocksCleared()]
+        tier = getattr(bm, "offload", None)
+        in_tier = set(tier.index.hashes()) if tier is not None and hasattr(tier, "index") else set()
+        held = [h for h in self.meta if h in bm.cached or h in in_tier]
+        held += [h for h in list(bm.cached) + list(in_tier) if h not in self.meta]
+        for h in dict.fromkeys(held):
+            parent, tokens = self.meta.get(h, (None, []))
+            size = self.block_size if tokens else 0
+            if h in bm.cached:
+                events.append(BlockStored([h], parent, list(tokens), size, self.medium))
+            if h in in_tier:
+                events.append(BlockStored([h], parent, list(tokens), size, tier.medium))
+        return events
+
     def take(self) -> list[Event]:
         for h in self._gone:  # at the step's end: a block evicted to a tier is described first
             if self.copies.get(h, 0) <= 0:
@@ -190,6 +209,7 @@ class ZmqPublisher:
         self._closed = False
         self._seq = 0
         self.dropped = 0  # batches not queued because the queue was full
+        self.snapshot_wanted = False  # set by a replay the buffer could not fill; the engine answers
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
         self._replay = None
@@ -250,6 +270,9 @@ class ZmqPublisher:
                 if seq >= start:
                     self._replay.send_multipart((client, b"", self.topic, seq_bytes(seq), payload))
             self._replay.send_multipart((client, b"", b"", seq_bytes(END_SEQ), b""))
+            oldest = self._buffer[0][0] if self._buffer else self._seq
+            if start < oldest:  # asked for more than the buffer holds: the engine sends a full re-read
+                self.snapshot_wanted = True
 
     def _close_sockets(self) -> None:
         self._pub.close(linger=0)
@@ -270,6 +293,7 @@ class KVEvents:
 
     def __init__(self, engine, cfg: KVEventsConfig, medium: str = MEDIUM_DEVICE):
         self.recorder = EventRecorder(engine.block_manager.block_size, medium)
+        self.block_manager = engine.block_manager
         self.publisher = ZmqPublisher(cfg)
         engine.block_manager.listener = self.recorder
         tier = engine.block_manager.offload
@@ -279,6 +303,9 @@ class KVEvents:
 
     def flush(self) -> None:
         events = self.recorder.take()
+        if self.publisher.snapshot_wanted:  # on the engine's thread, so the cache is consistent
+            self.publisher.snapshot_wanted = False
+            events = self.recorder.snapshot(self.block_manager)
         if events:
             self.publisher.publish(events)
 

@@ -314,3 +314,30 @@ def test_an_endpoint_that_leaves_the_pool_leaves_the_index():
         assert st.kv_events.index.endpoints() == []
     finally:
         st.kv_events.close()
+
+
+def test_a_subscriber_past_the_replay_buffer_gets_a_full_re_read(llm):
+    from engine import SamplingParams
+
+    port, rport = free_port(), free_port()
+    events = KVEvents(llm.engine, parse_kv_events_config(
+        {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{rport}",
+         "buffer_steps": 2}))
+    sub = KVEventSubscriber(KVBlockIndex(block_size=16))
+    try:
+        bm, params = llm.engine.block_manager, SamplingParams(temperature=0, max_tokens=4)
+        for p in ([1 + (j * 3) % 200 for j in range(70)], [9] * 50, [11] * 33):  # before anyone listens
+            llm.generate([p], params)
+        seen_before = set(bm.cached)
+        assert len(seen_before) >= 5 and events.publisher._seq > 3  # more batches than the buffer keeps
+        sub.connect("e", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}")
+        sub.start()
+        time.sleep(0.3)
+        llm.generate([[7] * 40], params)  # its first batch: seen late, the replay cannot fill 0..n
+        wait_for(sub, lambda: events.publisher.snapshot_wanted or sub.stats.batches > 1)
+        llm.generate([[8] * 20], params)  # the next step sends the full re-read
+        wait_for(sub, lambda: sub.last_seq.get("e") == events.publisher._seq - 1)
+        assert set(sub.index._eps["e"].media) == set(bm.cached) >= seen_before
+    finally:
+        events.close()
+        sub.close()
