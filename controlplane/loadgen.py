@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from autoscaler.schema_parts import COUNT0, POS, mapping
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document
 from simulator.dists import Dist
-from simulator.scenario_schema import ARRIVALS, COUNT0, DIST, POS, dist_at, mapping
+from simulator.scenario_schema import ARRIVALS, DIST, dist_at
 from simulator.scenario_workload import arrivals_config
 from simulator.workload import RateCurve, arrival_times
 

@@ -11,6 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoscaler.schema_parts import (
+    BOOL,
+    COUNT0,
+    COUNT1,
+    FRACTION,
+    NONNEG,
+    POS,
+    STR,
+    at_least,
+    at_most,
+    mapping,
+)
 from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from routing.pickers import POLICY_NAMES
@@ -42,25 +54,7 @@ ROUTERS = POLICY_NAMES  # the registered pickers (routing.pickers), in registrat
 SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
 
-STR = {"type": "string"}
-BOOL = {"type": "boolean"}
-NONNEG = {"type": "number", "minimum": 0}
-POS = {"type": "number", "exclusiveMinimum": 0}
-FRACTION = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
-COUNT0 = {"type": "integer", "minimum": 0}
-COUNT1 = {"type": "integer", "minimum": 1}
 DIST = {"type": ["number", "object"], "x-message": "must be a number or a mapping with a 'dist' key"}
-
-
-def at_most(schema: dict, limit: float) -> dict:
-    """The schema with an upper limit (simulator.scenario_limits)."""
-    return {**schema, "maximum": limit}
-
-
-def at_least(schema: dict, limit: float) -> dict:
-    """The schema with `limit` as its (inclusive) lower bound."""
-    rest = {k: v for k, v in schema.items() if k not in ("minimum", "exclusiveMinimum")}
-    return {**rest, "minimum": limit}
 
 
 SECONDS = at_most(POS, MAX_DURATION)
@@ -68,14 +62,6 @@ AT = at_most(NONNEG, MAX_DURATION)  # a time within the run
 RATE = at_most(NONNEG, MAX_RATE)
 REPLICAS = at_most(COUNT0, MAX_REPLICAS)
 TOKENS = at_most(COUNT1, MAX_TOKENS)
-
-
-def mapping(properties: dict, required: tuple = (), **extra) -> dict:
-    """An object with exactly these keys (`required` among them)."""
-    out = {"type": "object", "additionalProperties": False, "properties": properties, **extra}
-    if required:
-        out["required"] = list(required)
-    return out
 
 
 TRACE = mapping(

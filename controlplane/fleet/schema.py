@@ -5,8 +5,8 @@ key and bad value is an error naming file, line and field, e.g.
 
 from __future__ import annotations
 
+from autoscaler.schema_parts import COUNT0, COUNT1, NONNEG, POS, mapping
 from controlplane.loadgen import LOAD
-from simulator.scenario_schema import COUNT0, COUNT1, NONNEG, POS, mapping
 
 NAME = {"type": "string", "minLength": 1}
 FLAG_VALUE = {"type": ["string", "number", "boolean"],

@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.schema_parts import mapping
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document, parse
 from controlplane.router.precise import precise_params
@@ -50,7 +51,6 @@ from routing.flow import Band
 from routing.pickers import PICKERS
 from routing.precise import PLUGIN_TYPE as PRECISE_TYPE
 from routing.scorers import SCORER_PLUGINS
-from simulator.scenario_schema import mapping
 
 
 def scorer_types() -> dict[str, str]:

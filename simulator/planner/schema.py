@@ -8,24 +8,10 @@ engine fields). Defaults live in simulator.planner.plan, next to the code that r
 
 from __future__ import annotations
 
+from autoscaler.schema_parts import COUNT0, COUNT1, POS, STR, at_most, mapping
 from simulator.pd_spec import PD_SCHEMA
 from simulator.scenario_limits import MAX_DURATION, MAX_NUM_SEQS, MAX_REPLICAS
-from simulator.scenario_schema import (
-    COUNT0,
-    COUNT1,
-    DIST,
-    POOL,
-    POS,
-    ROUTER,
-    SECONDS,
-    SLO,
-    SLO_NAMES,
-    STR,
-    TOKENS,
-    WORKLOAD,
-    at_most,
-    mapping,
-)
+from simulator.scenario_schema import DIST, POOL, ROUTER, SECONDS, SLO, SLO_NAMES, TOKENS, WORKLOAD
 
 # a deployment is a pool without a replica count or an autoscaler: the planner chooses those
 ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
