@@ -164,15 +164,18 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, yielding: bool = False) -> None:
         while self.waiting and budget > 0:
+            full = len(self.running) >= self.max_num_seqs
+            if full and not yielding:
+                break
             fit = self.first_fit(budget, yielding)
             if fit is None:
                 break
             i, hit_blocks, hit_hashes, n = fit
             seq = self.waiting[i]
-            if len(self.running) >= self.max_num_seqs or not self.bm.can_admit(seq, hit_blocks, n):
-                if not (yielding and self._preempt_background(out)):
-                    break
-                continue  # a seat or blocks freed: look again (the prefix hit may have changed)
+            if full or not self.bm.can_admit(seq, hit_blocks, n):
+                if yielding and self._preempt_background(out):
+                    continue  # a seat or blocks freed: look again (the prefix hit may have changed)
+                break
             del self.waiting[i]
             self.bm.admit(seq, hit_blocks, hit_hashes)
             self.bm.append_slots(seq, n)
