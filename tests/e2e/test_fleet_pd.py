@@ -5,6 +5,7 @@ errors of a `pd:` block, each naming its field."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -83,6 +84,7 @@ def test_pd_fleet_up_routes_two_hops_and_shows_both_pools(tmp_path):
     assert not run.pools["prefill"].processes() and not run.pools["decode"].processes()
 
 
+@pytest.mark.slow  # ~20 s: a second fleet; the run above covers what it starts
 @pytest.mark.timeout(180)
 def test_fleet_up_cli_starts_a_pd_fleet(tmp_path, capsys):
     import yaml
@@ -119,3 +121,21 @@ def test_pd_block_errors_name_the_field(tmp_path, edit, message):
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet))
     with pytest.raises(ValueError, match=message):
         load_fleet_config(tmp_path / "fleet.yaml", engine_flags=serve_flags())
+
+
+def test_the_example_pd_fleet_loads():
+    from pathlib import Path
+
+    cfg = load_fleet_config(Path(__file__).resolve().parents[2] / "examples" / "fleet_pd.yaml",
+                            engine_flags=serve_flags(), check_model=True)
+    p, d = cfg.pd.prefill, cfg.pd.decode
+    assert (cfg.pd.threshold, p.name, p.replicas, p.max_replicas, d.name, d.replicas) == \
+        (256, "pd-local-prefill", 1, 2, "pd-local-decode", 2)
+    assert p.autoscaler.name == "pd-local-prefill-queue" and d.autoscaler is None
+    for pool, role in ((p, "kv_producer"), (d, "kv_consumer")):
+        args = pool.serve_args(8000)
+        kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert kv == {"kv_connector": "TcpConnector", "kv_connector_extra_config": {"link": "rdma"},
+                      "kv_role": role}
+        assert args[args.index("--max-num-seqs") + 1] == "64"
+    assert cfg.load is not None and cfg.router is not None
