@@ -4,8 +4,9 @@
 
 prints, for each held-out split (leave one GPU, model or TP degree out), the MAPE and p90 error per
 phase of the derived model fitted on the other rows, beside a plain roofline (every efficiency 1,
-no overheads). --write fits on all rows and stores the efficiencies, the data and the errors in
-catalog/efficiency.json, which every derived model reads and records in its provenance.
+no overheads) and BLIS's roofline (blis_roofline.py). --write fits on all rows and stores the
+efficiencies, the data and the errors in catalog/efficiency.json, which every derived model reads
+and records in its provenance.
 """
 
 from __future__ import annotations
