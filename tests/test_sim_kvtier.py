@@ -168,3 +168,16 @@ def test_plan_prices_the_offload_tier_per_replica():
         "capacity_gib": 256, "bandwidth_gbs": 100}}]}
     with pytest.raises(ValueError, match=r"deployments\[0\]\.kv_offload: as a scenario pool: .*prefix_"):
         load_plan(bad)
+
+
+def test_example_plan_prices_the_tier():
+    from pathlib import Path
+
+    from simulator.planner.plan import load_plan
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "plan_kvtier_70b.yaml"
+    if not (path.parent.parent.parent / "shared" / "data" / "traces").is_dir():
+        pytest.skip("the Mooncake trace (../shared/data) is not here")
+    plain, tier = (c.deployment for c in load_plan(path).candidates)
+    assert tier.offload_cost_per_hour == pytest.approx(256 * 0.005, rel=1e-4)
+    assert tier.cost_per_hour - plain.cost_per_hour == pytest.approx(1.28, rel=1e-4)
