@@ -51,9 +51,22 @@ class FakeEngine:
         return self
 
     def stop(self) -> None:
-        if self._loop is not None:
+        if self._loop is not None and self._loop.is_running():
+            # end every open connection first: a handler left suspended on a closed loop is collected
+            # later, in whatever code runs then (an unraisable 'Event loop is closed' mid-import)
+            try:
+                asyncio.run_coroutine_threadsafe(self._close_all(), self._loop).result(5)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+    async def _close_all(self) -> None:
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
