@@ -8,7 +8,7 @@ reports wall time and peak memory (tracemalloc is not used: it would slow the ru
 child process is).
 
     .venv/bin/python bench/simulator_speed.py [--repeats 3] [--skip-scale] [--baseline-limit 4000]
-        [--against COMMIT] [--keda]
+        [--against COMMIT] [--keda] [--json docs/benchmarks/results/simulator_speed.json]
 
 `--against COMMIT` also times the Azure run on that commit's simulator (a temporary git worktree),
 interleaved with this tree's, each in a fresh child process, and prints the ratio: a refactor must
@@ -155,7 +155,7 @@ def time_in_tree(tree: Path, keda: bool = False) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def against(commit: str, repeats: int, keda: bool = False) -> None:
+def against(commit: str, repeats: int, keda: bool = False, rows: list | None = None) -> None:
     """This tree against `commit`, interleaved, in fresh processes; CPU seconds are the fairer figure."""
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
@@ -173,6 +173,9 @@ def against(commit: str, repeats: int, keda: bool = False) -> None:
         o = statistics.median(r[key] for r in ours)
         t = statistics.median(r[key] for r in theirs)
         what = "Azure conv fast path" + (" (KEDA triggers)" if keda else "")
+        if rows is not None:
+            rows.append([f"{what}, {key} vs {commit[:12]} (median of {repeats}, fresh processes)",
+                         f"{o:.2f} s", f"{t:.2f} s then: ours/then {o / t:.3f}"])
         print(f"{what} vs {commit[:12]}: {key} median {o:.2f} (ours) vs {t:.2f} (then): "
               f"ours/then = {o / t:.3f}  (runs ours {', '.join(f'{r[key]:.2f}' for r in ours)}; "
               f"then {', '.join(f'{r[key]:.2f}' for r in theirs)})")
@@ -190,14 +193,16 @@ def main() -> None:
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--against", metavar="COMMIT", help="also compare the Azure run with this commit's")
     ap.add_argument("--keda", action="store_true", help="the Azure runs with a KEDA Prometheus-trigger spec")
+    ap.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.scale_child:
         scale_child()
         return
 
+    rows: list = []
     if args.against:
-        against(args.against, args.repeats, args.keda)
+        against(args.against, args.repeats, args.keda, rows)
     sc = azure_scenario(keda=args.keda)
     wl = build_workload(sc, 0)
     times, cpus = [], []
@@ -213,6 +218,9 @@ def main() -> None:
     )
     ok = int((fleet.requests.status == 1).sum())
     print(f"  {ok}/{len(wl)} requests ok")
+    rows.append([f"Azure conv trace, {len(wl)} requests, 8 replicas, fast path"
+                 f"{' (KEDA triggers)' if args.keda else ''}: median of {args.repeats}",
+                 f"{statistics.median(times):.2f} s wall", f"{statistics.median(cpus):.2f} s CPU; {ok} ok"])
 
     sub = azure_scenario(args.baseline_limit)
     wl2 = build_workload(sub, 0)
@@ -227,6 +235,8 @@ def main() -> None:
         for k in ("first_token", "finish", "first_sched")
     )
     slow_m, fast_m = statistics.median(slow_t), statistics.median(fast_t)
+    rows.append([f"first {len(wl2)} requests: step-by-step vs fast path", f"{slow_m:.2f} s vs {fast_m:.2f} s",
+                 f"x{slow_m / fast_m:.1f}; per-request timings identical: {same}"])
     print(
         f"first {len(wl2)} requests: step-by-step (engine BlockManager, every step) median {slow_m:.2f} s, "
         f"fast path {fast_m:.2f} s, speed-up x{slow_m / fast_m:.1f}; per-request timings identical: {same}"
@@ -242,6 +252,23 @@ def main() -> None:
             f"{r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), peak RSS {r['peak_rss_mib']:.0f} MiB; "
             "targets < 120 s, < 1024 MiB"
         )
+        rows.append([f"scale: 200 replicas, 100 req/s, 1 simulated hour, {r['requests']} requests",
+                     f"{r['wall_s']:.1f} s wall",
+                     f"{r['cpu_s']:.1f} s CPU, peak RSS {r['peak_rss_mib']:.0f} MiB"])
+    if args.json:
+        write_json(args.json, rows)
+
+
+def write_json(path: str, rows: list) -> None:
+    """The results as bench/pages.py reads them (docs/benchmarks/simulator_speed.md's table)."""
+    import datetime
+    import os
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    Path(path).write_text(json.dumps({
+        "command": "bench/simulator_speed.py " + " ".join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(), "load": load,
+        "columns": ["measure", "ours", "detail"], "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

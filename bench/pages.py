@@ -1,0 +1,100 @@
+"""The benchmark pages (docs/benchmarks/*.md) open with their bench's current result table, generated
+from the bench's `--json` output, kept beside the pages in docs/benchmarks/results/NAME.json. A page
+marks the table's place:
+
+    <!-- results: NAME.json -->
+    (the table, written by this module)
+    <!-- /results -->
+
+    .venv/bin/python bench/pages.py --check   # exit 1 naming each page whose table is stale
+    .venv/bin/python bench/pages.py --write   # rewrite the tables from the JSON files
+
+A result file: {"command": the bench's command line, "date": "YYYY-MM-DD", "load": the load average
+beside the timings, "columns": [names], "rows": [[cells]], "notes": [lines, optional]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+PAGES = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+RESULTS = PAGES / "results"
+BLOCK = re.compile(r"<!-- results: (?P<file>[\w.-]+\.json) -->\n(?P<body>.*?)<!-- /results -->", re.S)
+KEYS = ("command", "date", "load", "columns", "rows")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value).replace("|", "\\|")
+
+
+def render(result: dict, where: str = "result") -> str:
+    """The markdown a result file gives: when, how, the table, its notes."""
+    missing = [k for k in KEYS if k not in result]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    cols = result["columns"]
+    for i, row in enumerate(result["rows"]):
+        if len(row) != len(cols):
+            raise ValueError(f"{where}: rows[{i}] has {len(row)} cells for {len(cols)} columns")
+    lines = [f"Measured {result['date']} (load average {result['load']}) with `{result['command']}`:", "",
+             "| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in result["rows"]]
+    lines += [""] + [f"{n}" for n in result.get("notes", [])] + ([""] if result.get("notes") else [])
+    return "\n".join(lines) + "\n"
+
+
+def rendered(page: Path, results: Path = RESULTS) -> tuple[str, list[str]]:
+    """The page's text with each results block regenerated, and the problems found doing it."""
+    text, problems = page.read_text(), []
+
+    def block(m: re.Match) -> str:
+        path = results / m["file"]
+        try:
+            body = render(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{page.name}: {exc}")
+            return m[0]
+        return f"<!-- results: {m['file']} -->\n{body}<!-- /results -->"
+
+    return BLOCK.sub(block, text), problems
+
+
+def stale(pages: Path = PAGES, results: Path = RESULTS) -> list[str]:
+    """Pages whose tables differ from what their result files give (or whose files are unreadable)."""
+    out = []
+    for page in sorted(pages.glob("*.md")):
+        text, problems = rendered(page, results)
+        out += problems
+        if text != page.read_text():
+            out.append(f"{page.name}: its results table is stale (run bench/pages.py --write)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail when a page's table is stale")
+    ap.add_argument("--write", action="store_true", help="rewrite the tables from the result files")
+    args = ap.parse_args(argv)
+    if args.write:
+        for page in sorted(PAGES.glob("*.md")):
+            text, problems = rendered(page)
+            if problems:
+                print("\n".join(problems), file=sys.stderr)
+                return 1
+            page.write_text(text)
+    bad = stale()
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+        return 1
+    print(f"{len(list(PAGES.glob('*.md')))} benchmark pages, every results table current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""docs/benchmarks/: every page's results table is what its bench's --json output gives (bench/pages.py
+--check), and the check itself catches a stale table and a broken result file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("bench_pages", ROOT / "bench" / "pages.py")
+pages = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pages)
+
+RESULT = {"command": "bench/x.py --json x.json", "date": "2026-12-04", "load": "1.0, 1.0, 1.0",
+          "columns": ["measure", "value"], "rows": [["speed", 1.5]]}
+
+
+def test_every_benchmark_page_table_is_current():
+    assert pages.stale() == []
+    index = (ROOT / "docs" / "benchmarks.md").read_text()
+    missing = [p.name for p in pages.PAGES.glob("*.md") if f"benchmarks/{p.name}" not in index]
+    assert not missing, f"docs/benchmarks.md does not link {missing}"
+
+
+def test_the_check_catches_a_stale_table_and_a_bad_file(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "x.json").write_text(json.dumps(RESULT))
+    page = tmp_path / "x.md"
+    page.write_text("# x\n\n<!-- results: x.json -->\nold table\n<!-- /results -->\n\n## History\n")
+    assert pages.stale(tmp_path, results) == ["x.md: its results table is stale (run bench/pages.py --write)"]
+    text, problems = pages.rendered(page, results)
+    assert problems == [] and "| speed | 1.5 |" in text and "Measured 2026-12-04" in text
+    page.write_text(text)
+    assert pages.stale(tmp_path, results) == []
+    (results / "x.json").write_text(json.dumps({**RESULT, "rows": [["speed"]]}))
+    assert pages.stale(tmp_path, results)[0].startswith("x.md: ") and "1 cells for 2 columns" in \
+        pages.stale(tmp_path, results)[0]
