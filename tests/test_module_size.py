@@ -13,7 +13,6 @@ LIMIT = 300
 
 # not split yet: path -> lines today (a ceiling)
 OVER: dict[str, int] = {
-    "controlplane/fleet/fleet.py": 375,
     "simulator/replica.py": 303,
 }
 
