@@ -23,6 +23,7 @@ from simulator.kvtier import TieredBlockManager
 from simulator.replica_metrics import LAYOUT, ReplicaMetrics
 from simulator.requests import SimSequence
 from simulator.steptime import PS, StepTimer, steps_reaching, sum_steps
+from simulator.stretch_blocks import grown_blocks, take_grown_blocks
 
 SAMPLED_TOKEN = 1  # synthetic output token; requests ignore EOS so output length = max_tokens
 
@@ -77,32 +78,13 @@ class Replica:
 
     def ff_extra_blocks(self) -> int:
         """Blocks the running fast-forward has grown into by now, not yet taken from the manager."""
-        if self._grow is None:
-            return 0
-        t0, a, b, c0, n, steps, seqs = self._grow
-        started = min(
-            steps, steps_reaching(a, b, c0, n, self.env.now - t0 + 1)
-        )  # blocks grow at a step's start
-        bs = self.bm.block_size
-        return sum(max(0, -(-(s.num_computed_tokens + started) // bs) - len(s.block_table)) for s in seqs)
+        return 0 if self._grow is None else grown_blocks(self.bm, self._grow, self.env.now)
 
     def catch_up(self) -> None:
-        """Takes now the blocks the decode stretch in progress has grown into (a step takes them at
-        its start), in a step-by-step run's order: what the KV cache holds at this instant, for a P/D
-        reservation or prefix lookup made from outside (simulator.pd)."""
-        if self._grow is None:
-            return
-        t0, a, b, c0, n, steps, seqs = self._grow
-        started = min(steps, steps_reaching(a, b, c0, n, self.env.now - t0 + 1))
-        bs = self.bm.block_size
-        grow = sorted((j, i) for i, s in enumerate(seqs)  # the steps where each one starts a block
-                      for j in range(max(len(s.block_table) * bs - s.num_computed_tokens + 1, 1),
-                                     started + 1, bs))
-        for j, i in grow:  # step j computes token c + j - 1: one more slot from c + j - 1 computed
-            s = seqs[i]
-            computed, s.num_computed_tokens = s.num_computed_tokens, s.num_computed_tokens + j - 1
-            self.bm.append_slots(s, 1)
-            s.num_computed_tokens = computed
+        """Takes now the blocks the decode stretch in progress has grown into, for a P/D reservation
+        or prefix lookup made from outside (simulator.pd)."""
+        if self._grow is not None:
+            take_grown_blocks(self.bm, self._grow, self.env.now)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, delay_ps: int) -> None:

@@ -11,10 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("autoscaler", "controlplane", "promql", "routing", "simulator")
 LIMIT = 300
 
-# not split yet: path -> lines today (a ceiling)
-OVER: dict[str, int] = {
-    "simulator/replica.py": 303,
-}
+# not split yet: path -> lines today (a ceiling); empty: every module is under the bar
+OVER: dict[str, int] = {}
 
 
 def line_counts() -> dict[str, int]:
