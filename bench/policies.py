@@ -316,9 +316,10 @@ def summarize(name: str, res, wall: float, bursts=(), since: float = 0.0, until:
     until = fleet.sc.duration if until is None else until
     t = req["arrival"]
     arrived = (np.arange(len(t)) < fleet.arrived) & (t >= since) & (t < until)
-    band = getattr(fleet, "band", None)
+    gate = fleet.gate
+    band = gate.band if gate is not None else None
     row = {"policy": name}
-    if band is not None and fleet.flow is not None and len(fleet.flow_bands) > 1:
+    if gate is not None and len(gate.bands) > 1:
         batch = arrived & (band == BATCH)
         e2e = np.where(req["status"] == 1, req["finish"] - t, np.inf)
         done = int((batch & (e2e <= BATCH_DEADLINE)).sum())

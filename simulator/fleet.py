@@ -15,13 +15,13 @@ import numpy as np
 import simpy
 
 from engine.core.scheduler import RequestRejected
-from routing.flow import GatewayQueue, pump
 from routing.kv_index import KVBlockIndex
 from routing.precise import IndexFeed, uses_index
 from routing.router import Router
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
 from simulator.frontend import draw_ms
+from simulator.gate import SimGate
 from simulator.latency import load_latency_model
 from simulator.metrics import MetricStore
 from simulator.pd import PDService
@@ -97,15 +97,9 @@ class Fleet:
         )
         if uses_index(r["weights"]):  # fed by the replicas' block managers (_new_replica)
             self.router.kv_index = KVBlockIndex(scenario.pools[0].block_size)
-        fc = r.get("flow_control")
-        self.flow = GatewayQueue(fc["bands"]) if fc else None  # the gateway queue, when the router has one
-        if fc:
-            self.detector, self.flow_interval = fc["detector"], to_ps(fc["interval"])
-            self.band_rng = np.random.default_rng(ss.spawn(1)[0])  # after the three above: they keep theirs
-            self.band_cdf = np.cumsum(fc["shares"]) / sum(fc["shares"])
-            self.flow_bands = fc["bands"]  # in the scenario's order, as the shares
-            self.flow_refused = self.flow_expired = 0
-            self.band = np.full(len(workload), -1, dtype=np.int64)  # each request's band priority
+        fc = r.get("flow_control")  # the gateway queue, when the router has one
+        # its rng after the three above: they keep theirs
+        self.gate = SimGate(self, fc, np.random.default_rng(ss.spawn(1)[0]), len(workload)) if fc else None
         self.frontend_rng = np.random.default_rng(ss.spawn(1)[0])  # spawned last: the others keep theirs
         self.store = MetricStore(retention=max(4 * scenario.rate_window, 600.0))
         models = models or {}
@@ -174,8 +168,8 @@ class Fleet:
             self.route(seq)
         if self.pd is not None:
             self.pd.on_ready(rep)
-        if self.flow is not None:
-            self.pump()
+        if self.gate is not None:
+            self.gate.pump()
 
     def on_gone(self, rep: Replica) -> None:
         self.router.forget(rep.id)
@@ -198,8 +192,8 @@ class Fleet:
         return SimSequence(i, ids, int(wl.output[i]), int(self.arrival_ps[i]))
 
     def route(self, seq: SimSequence) -> None:
-        if self.flow is not None:
-            return self.hold(seq)
+        if self.gate is not None:
+            return self.gate.hold(seq)
         if self.pd is not None:
             return self.pd.route(seq)
         if not self.ready:
@@ -227,29 +221,6 @@ class Fleet:
         except RequestRejected:
             self.requests.rejected(seq.index)
 
-    # -- the gateway queue (flow control) -----------------------------------------------------------
-    def hold(self, seq: SimSequence) -> None:
-        band = self.flow_bands[int(np.searchsorted(self.band_cdf, self.band_rng.random(), side="right"))]
-        self.band[seq.index] = band.priority
-        if self.flow.offer(seq, band.priority, seconds(self.env.now)) is None:
-            self.flow_refused += 1  # the band is full: a 429 at the router
-            self.requests.rejected(seq.index)
-            return
-        self.pump()
-
-    def pump(self) -> None:
-        for held in pump(self.flow, self.detector, self.ready, lambda h, room: self.send(h.item, room),
-                         seconds(self.env.now)):
-            self.flow_expired += 1  # waited past its band's TTL: a 503 at the router
-            self.requests.rejected(held.item.index)
-
-    def _flow_pump(self):
-        """Dispatches as capacity frees and expires what waited too long (replicas never call in)."""
-        while True:
-            yield self.env.timeout(self.flow_interval)
-            if len(self.flow):
-                self.pump()
-
     def _arrivals(self):
         env = self.env
         hop = to_ps(self.sc.router.get("latency_ms", 0.0) / 1000)  # the same for all: order is kept
@@ -271,8 +242,8 @@ class Fleet:
                 self._new_replica(pool, immediate=True)
         arrivals = env.process(self._arrivals())
         env.process(scrape_process(self))
-        if self.flow is not None:
-            env.process(self._flow_pump())
+        if self.gate is not None:
+            env.process(self.gate.process())
         for pool in self.pools:
             env.process(autoscaler_process(self, pool))
         bar = progress_for(self, self.progress)

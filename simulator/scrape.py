@@ -121,7 +121,7 @@ class RouterCounters:
     """The router's arrival counter per priority band and its gateway queue size per band."""
 
     def __init__(self, fleet):
-        bands = fleet.flow_bands if fleet.flow is not None else []
+        bands = fleet.gate.bands if fleet.gate is not None else []
         self.priorities = [b.priority for b in bands] or [0]
         self.slot = {p: i for i, p in enumerate(self.priorities)}
         self.arrivals = np.zeros(len(self.priorities))
@@ -140,14 +140,14 @@ class RouterCounters:
         self.bands = bands
 
     def scrape(self, fleet) -> np.ndarray:
-        if fleet.flow is not None:
-            new = fleet.band[self.seen:fleet.arrived]
+        if fleet.gate is not None:
+            new = fleet.gate.band[self.seen:fleet.arrived]
             for p, n in zip(*np.unique(new, return_counts=True)):
                 self.arrivals[self.slot[int(p)]] += n
         else:
             self.arrivals[0] += fleet.arrived - self.seen
         self.seen = fleet.arrived
-        queue = [fleet.flow.counts[b.priority] for b in self.bands]
+        queue = [fleet.gate.queue.counts[b.priority] for b in self.bands]
         return np.concatenate((self.arrivals, np.asarray(queue, dtype=float)))
 
 

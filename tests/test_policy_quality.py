@@ -145,8 +145,8 @@ def test_simulated_router_exports_its_counters_at_its_own_interval(tmp_path):
                      ("llm_d_epp_flow_control_queue_size", "interactive"),
                      ("llm_d_epp_flow_control_queue_size", "batch")}
     last = target.rows[-1]
-    assert last[0] + last[1] == pytest.approx(np.count_nonzero(fleet.band[: fleet.arrived] >= 0), abs=20)
-    assert last[0] == pytest.approx(np.count_nonzero(fleet.band == 10), abs=15)
+    assert last[0] + last[1] == pytest.approx(np.count_nonzero(fleet.gate.band[: fleet.arrived] >= 0), abs=20)
+    assert last[0] == pytest.approx(np.count_nonzero(fleet.gate.band == 10), abs=15)
     # the policy read the counter: its rate samples are the counter's, not the 60-s rate's
     policy = fleet.pools[0].policy.policy
     assert policy.forecast.counts and policy.forecast.rates[-1][1] == pytest.approx(6.0 * 0.7, rel=0.5)

@@ -51,11 +51,11 @@ def test_flow_control_holds_requests_at_the_gateway(tmp_path, monkeypatch):
     ttft = (log.first_token - with_flow.arrival_ps) / 1e12
     ok = log.status == OK
     # the low band (capacity 60) overflows and is refused; the rest is served
-    assert with_flow.flow_refused > 0 and (log.status == REJECTED).sum() == with_flow.flow_refused
-    assert ok.sum() + with_flow.flow_refused == len(log.status)
-    assert set(with_flow.band[log.status == REJECTED].tolist()) == {0}
-    high = float(np.percentile(ttft[ok & (with_flow.band == 10)], 90))
-    low = float(np.percentile(ttft[ok & (with_flow.band == 0)], 90))
+    assert with_flow.gate.refused > 0 and (log.status == REJECTED).sum() == with_flow.gate.refused
+    assert ok.sum() + with_flow.gate.refused == len(log.status)
+    assert set(with_flow.gate.band[log.status == REJECTED].tolist()) == {0}
+    high = float(np.percentile(ttft[ok & (with_flow.gate.band == 10)], 90))
+    low = float(np.percentile(ttft[ok & (with_flow.gate.band == 0)], 90))
     plain = float(np.percentile((without.requests.first_token - without.arrival_ps) / 1e12, 90))
     print(f"TTFT p90: high band {high:.2f}s, low band {low:.2f}s, without flow control {plain:.2f}s")
     assert 3 * high < low and high < plain  # the high band skips the queue the low band waits in
