@@ -95,8 +95,9 @@ def kv(role: str) -> list[str]:
                                                 "kv_connector_extra_config": {"link": "rdma"}})]
 
 
-def start(model: str, threshold: int) -> tuple[list[Proc], dict[str, str]]:
-    """Every fleet's engines, then its router; (processes, config -> router URL)."""
+def start(model: str, threshold: int) -> tuple[list[Proc], dict[str, str], dict[str, list[str]]]:
+    """Every fleet's engines, then its router; (processes, config -> router URL, config -> decode
+    engines' URLs)."""
     procs, routers, fleets = [], {}, {}
     for name, (n_p, n_d) in CONFIGS.items():
         pre = [Proc(["serve", "--emulate", model, *ENGINE, *kv("kv_producer")]) for _ in range(n_p)]
@@ -117,7 +118,30 @@ def start(model: str, threshold: int) -> tuple[list[Proc], dict[str, str]]:
         routers[name] = r.url
     for name in routers:
         next(p for p in procs if p.url == routers[name]).wait(time.monotonic() + 60)
-    return procs, routers
+    return procs, routers, {name: [d.url for d in dec] for name, (_, dec) in fleets.items()}
+
+
+def sums(url: str, name: str) -> tuple[float, float]:
+    """(sum, count) of a histogram over every label set on one /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = count = 0.0
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10, trust_env=False).text):
+        for sample in fam.samples:
+            if sample.name == name + "_sum":
+                total += sample.value
+            elif sample.name == name + "_count":
+                count += sample.value
+    return total, count
+
+
+def hops(router: str, decode: list[str]) -> str:
+    """The mean prefill hop (router) and KV pull (decode engines) of a P/D fleet's disaggregated requests."""
+    hop = sums(router, "slopilot_router_prefill_hop_seconds")
+    pulls = [sums(u, "vllm:nixl_xfer_time_seconds") for u in decode]
+    pull = (sum(p[0] for p in pulls), sum(p[1] for p in pulls))
+    mean = lambda sc: f"{sc[0] / sc[1] * 1e3:.0f} ms" if sc[1] else "-"  # noqa: E731
+    return f"prefill hop mean {mean(hop)} ({hop[1]:.0f}), KV pull mean {mean(pull)} ({pull[1]:.0f})"
 
 
 @dataclass
@@ -241,7 +265,7 @@ def main() -> None:
     procs = []
     try:
         t_start = time.monotonic()
-        procs, routers = start(args.model, args.threshold)
+        procs, routers, decoders = start(args.model, args.threshold)
         print(f"started {len(procs)} processes in {time.monotonic() - t_start:.0f} s; load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
         load_before = os.getloadavg()[0]
@@ -260,6 +284,10 @@ def main() -> None:
                for name, res in results.items()}
         if any(bad.values()):
             print(f"\nnon-200 answers: {bad}")
+        print()
+        for name, (n_p, _) in CONFIGS.items():
+            if n_p:
+                print(f"{name}: {hops(routers[name], decoders[name])}")
     finally:
         for p in procs:
             p.stop()
