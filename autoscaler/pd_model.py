@@ -1,9 +1,10 @@
 """Two-role model-based sizing for a disaggregated (prefill/decode) service: one policy per pool, each
 sized on what its own role needs, from its own pool's signals and a step-time model.
 
-* prefill (role "prefill"): its pool sees prompts only. Each replica is an M/G/1 prefill server: with
-  the per-replica rate lam and S the prefill of a mean prompt, rho = lam S, the wait at the TTFT
-  percentile is W0/rho ln(rho/tail) (W0 = lam E[S^2] / 2(1 - rho)); plus the prefill of a
+* prefill (role "prefill"): its pool sees prompts only, and the router sends each to the least busy
+  replica, so the pool is one M/G/c queue: with S the prefill of a mean prompt and C the Erlang C
+  probability of waiting, the wait at the TTFT percentile is ln(C/tail) (1 + cv^2) / 2(n/S - rate)
+  (Allen-Cunneen; for n = 1 sloModel's M/G/1 tail); plus the prefill of a
   percentile-long prompt and `decodeTtftSeconds` (the transfer, the decode admission and the first
   decode step, which the prefill pool cannot shorten) must stay within the TTFT SLO less the margin.
   A queue backlog is drained within drainSeconds (the forecast adds it to the rate). When a
@@ -14,7 +15,13 @@ sized on what its own role needs, from its own pool's signals and a step-time mo
   chunks interfere: that is what disaggregation buys); B must fit maxBatchSeqs and, when
   kvTokensPerReplica is given, B (P + O/2) must fit kvTarget of its KV; tpot must meet the TPOT SLO
   less the margin. The observed KV usage and running count are floors (a full decode pool makes
-  prefilled requests wait where no rate shows it): ready x usage / kvTarget replicas.
+  prefilled requests wait where no rate shows it): ready x usage / kvTarget replicas. With
+  prefillThreshold (the router's P/D threshold) the prompts at most that long, which the router sends
+  whole to a decode replica, are prefilled there: their share and mean length are estimated from the
+  mean prompt (an exponential mix), and decode steps stretch by 1 / (1 - rho_p) as in sloModel.
+  With arrivalsQuery (the router's arrival counter) the rate now is the counter's rise, as sloModel's
+  fast signals: the decode role's whole (every request reaches the decode pool), the prefill role's
+  times its share (its pool's 60-s rate over the counter's 60-s rise).
 
 Neither role reads the other pool: each is its own InferenceAutoscaler on its own scale target, with
 its own startup delay and forecast (autoscaler.forecast.Demand on its own arrival rate). Scale-up is
@@ -34,25 +41,56 @@ from autoscaler.slo_model import StepTimeModel, quantile_factor
 ROLES = ("prefill", "decode")
 
 
-def prefill_wait(model: StepTimeModel, lam: float, prompt: float, q: float, prompt_cv: float) -> float:
-    """Queue wait at quantile q in one prefill replica serving lam prompts/s (inf when saturated)."""
+def erlang_c(servers: int, load: float) -> float:
+    """The probability an arrival waits in an M/M/c queue with `load` erlangs (< servers)."""
+    b = 1.0
+    for k in range(1, servers + 1):  # Erlang B by its stable recursion
+        b = load * b / (k + load * b)
+    rho = load / servers
+    return b / (1.0 - rho * (1.0 - b))
+
+
+def prefill_wait(model: StepTimeModel, rate: float, n: int, prompt: float, q: float,
+                 prompt_cv: float) -> float:
+    """Queue wait at quantile q for prompts arriving at `rate` to n prefill replicas (inf when
+    saturated): M/G/c with the Allen-Cunneen scaling, P(W > t) = C exp(-2 (n/S - rate) t / (1 + cv^2)),
+    C the Erlang C probability of waiting. With n = 1 it is sloModel's M/G/1 tail."""
     s = model.step_ms(prompt, prompt, 0, 0) / 1000.0
-    rho = lam * s
-    if rho >= 1.0:
+    load = rate * s
+    if load >= n:
         return math.inf
-    w0 = lam * s * s * (1.0 + prompt_cv**2) / (2.0 * (1.0 - rho))
+    if load <= 0:
+        return 0.0
+    c = erlang_c(n, load)
     tail = 1.0 - q
-    return 0.0 if rho <= tail or w0 <= 0 else (w0 / rho) * math.log(rho / tail)
+    if c <= tail:
+        return 0.0
+    return math.log(c / tail) * (1.0 + prompt_cv**2) / (2.0 * (n / s - rate))
 
 
-def decode_batch(model: StepTimeModel, lam: float, prompt: float, output: float, max_batch: int):
+def local_prompts(prompt: float, threshold: float) -> tuple[float, float]:
+    """(share, mean length) of the prompts at most `threshold` tokens long, which the router sends whole
+    to a decode replica, for an exponential length mix of mean `prompt` (promptCV 1)."""
+    if threshold <= 0 or prompt <= 0:
+        return 0.0, 0.0
+    share = 1.0 - math.exp(-threshold / prompt)
+    return share, max(prompt - threshold * (1.0 - share) / share, 1.0)
+
+
+def decode_batch(model: StepTimeModel, lam: float, prompt: float, output: float, max_batch: int,
+                 threshold: float = 0.0):
     """(tpot seconds, running sequences) of one decode replica at lam requests/s; None when the batch
-    has no fixed point within max_batch (overloaded)."""
+    has no fixed point within max_batch (overloaded). Prompts of at most `threshold` tokens are
+    prefilled here, in steps the decoding sequences wait through: tpot = d(B) / (1 - rho_p)."""
     ctx = prompt + output / 2.0
+    share, local = local_prompts(prompt, threshold)
+    rho_p = lam * share * model.step_ms(local, local, 0, 0) / 1000.0 if share else 0.0
+    if rho_p >= 1.0:
+        return None
 
     def step(b: float) -> float:
         b = max(b, 1.0)
-        return model.step_ms(0, 0, b, b * ctx) / 1000.0
+        return model.step_ms(0, 0, b, b * ctx) / 1000.0 / (1.0 - rho_p)
 
     tpot = step(1.0)
     batch = lam * output * tpot
@@ -98,6 +136,7 @@ class PdModelPolicy(Policy):
         decode_ttft: float = 0.25,
         kv_tokens: float = 0.0,
         kv_target: float = 0.8,
+        prefill_threshold: float = 0.0,
         demand: DemandOptions | None = None,
     ):
         if role not in ROLES:
@@ -112,6 +151,7 @@ class PdModelPolicy(Policy):
         self.polling_interval, self.margin = polling_interval, margin
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
         self.decode_ttft, self.kv_tokens, self.kv_target = decode_ttft, kv_tokens, kv_target
+        self.threshold = prefill_threshold
         self.forecast = Demand(demand or DemandOptions(), startup_delay, polling_interval)
         self.recs: list[list[float]] = []  # [time, recommendation]
 
@@ -122,6 +162,23 @@ class PdModelPolicy(Policy):
     def load_state_dict(self, state: dict) -> None:
         self.forecast.load_state_dict(state)
         self.recs = [list(x) for x in state.get("recs", [])]
+
+    def role_rate(self, obs: Observation) -> float:
+        """The rate to provision this pool for (autoscaler.forecast.Demand). On the router's arrival
+        counter the prefill role takes its pool's share of the arrivals (its own rate over the
+        counter's rise in the same window: the requests the router disaggregates), the backlog whole."""
+        rate = self.forecast.rate(obs)
+        total = obs.metrics.get("arrivals")
+        if self.role != "prefill" or total is None or not self.forecast.fast:
+            return rate
+        counts = [c for c in self.forecast.counts if c[0] <= obs.time - 60.0 + 1e-9]
+        if not counts or obs.arrival_rate is None:
+            return rate
+        t0, c0, _ = counts[-1]
+        seen = (total - c0) / (obs.time - t0) if obs.time > t0 else 0.0
+        share = min(obs.arrival_rate / seen, 1.0) if seen > 0 else 1.0
+        backlog = (obs.num_waiting or 0.0) / self.forecast.options.drain_seconds
+        return max(rate - backlog, 0.0) * share + backlog
 
     def _slo(self, metric: str) -> SloTarget | None:
         return next((s for s in self.slos if s.metric == metric), None)
@@ -135,7 +192,7 @@ class PdModelPolicy(Policy):
         # budget, keep the queue to a tenth of the SLO rather than order every replica allowed
         wait = max(budget - self.model.step_ms(long_prompt, long_prompt, 0, 0) / 1000.0,
                    0.1 * slo.seconds)
-        return smallest(lambda n: prefill_wait(self.model, rate / n, prompt, q, self.prompt_cv) <= wait,
+        return smallest(lambda n: prefill_wait(self.model, rate, n, prompt, q, self.prompt_cv) <= wait,
                         lo, hi)
 
     def decode_need(self, rate: float, prompt: float, output: float, lo: int, hi: int, max_batch: int) -> int:
@@ -143,7 +200,7 @@ class PdModelPolicy(Policy):
         ctx = prompt + output / 2.0
 
         def ok(n: int) -> bool:
-            got = decode_batch(self.model, rate / n, prompt, output, max_batch)
+            got = decode_batch(self.model, rate / n, prompt, output, max_batch, self.threshold)
             if got is None:
                 return False
             tpot, batch = got
@@ -171,7 +228,7 @@ class PdModelPolicy(Policy):
         idle = obs.arrival_rate == 0 and not obs.num_waiting and bool(self.recs)
         if obs.arrival_rate is None or (no_mix and not idle):
             return Decision(obs.current_replicas, False, f"{name}: no arrival rate / length mix, no change")
-        rate = 0.0 if no_mix else self.forecast.rate(obs)
+        rate = 0.0 if no_mix else self.role_rate(obs)
         lo, hi = max(self.min_replicas, 1), self.max_replicas
         max_batch = obs.max_batch_seqs or self.max_batch
         if rate <= 0:

@@ -3,6 +3,8 @@
 * bursty: the day below;
 * seasonal: three days of the same diurnal curve (a "day" is --hours long), each day's amplitude and
   phase drawn at random (+-10%, +-15 minutes, seeded), no bursts; scored on days 2 and 3;
+* pd-day: a disaggregated prefill/decode service through a day whose length mix shifts under the
+  bursty rate (bench/pd_day.py: its rows, its oracle bound);
 * priority: the bursty day behind a gateway queue with two priority bands, 30% of requests in a batch
   band whose deadline is an hour and which the gateway holds at a lower saturation level
   (--batch-saturation); scored on the interactive band's attainment and on batch requests done within
@@ -75,7 +77,7 @@ LENGTHS = {
     "output_tokens": {"dist": "lognormal", "mean": 211, "median": 129, "max": 2048},
 }
 SLO = {"ttft": {"seconds": TTFT_SLO, "percentile": 90}, "tpot": {"seconds": TPOT_SLO, "percentile": 90}}
-WORKLOADS = ("bursty", "seasonal", "priority")
+WORKLOADS = ("bursty", "seasonal", "priority", "pd-day")
 DAYS = 3  # seasonal: days simulated; scored from day 2
 INTERACTIVE, BATCH = 10, 0  # band priorities (the router's priority label)
 BATCH_SHARE, BATCH_DEADLINE = 0.3, 3600.0
@@ -408,7 +410,13 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="with --only: the other rows of these earlier --json outputs (same workload, seed)")
+    ap.add_argument("--rate", type=float, default=3.0, help="pd-day: the mean request rate")
     args = ap.parse_args()
+    if args.workload == "pd-day":  # a P/D service: its own rows and bound (bench/pd_day.py)
+        from pd_day import run_day
+
+        run_day(args)
+        return
     wk, day = args.workload, args.hours * 3600
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

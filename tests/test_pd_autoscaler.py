@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 
 import pytest
 
 from autoscaler import load_spec, make_policy
 from autoscaler.observation import Observation
-from autoscaler.pd_model import PdModelPolicy
+from autoscaler.pd_model import PdModelPolicy, erlang_c, prefill_wait
 from autoscaler.slo import SloTarget
 from controlplane.controller import AutoscalerLoop
 from controlplane.decision_log import DecisionLog
@@ -75,6 +76,12 @@ def test_each_role_is_sized_on_its_own_work():
     assert steady(pol("decode"), 8.0, 2000, 500) > d1
     # a KV budget per replica: long contexts need more decode replicas than the TPOT alone
     assert steady(pol("decode", kv_tokens=50_000), 4.0, 8000, 500) > steady(pol("decode"), 4.0, 8000, 500)
+    # short prompts the router sends whole to the decode pool are prefilled there: more decode replicas
+    # for a chatty mix (800-token prompts, half of them under a 1024-token threshold), fewer without it
+    chat = steady(pol("decode"), 10.0, 800, 450)
+    assert steady(pol("decode", prefill_threshold=1024), 10.0, 800, 450) > chat
+    assert steady(pol("decode", prefill_threshold=1024), 6.0, 20000, 450) == steady(pol("decode"), 6.0, 20000,
+                                                                                     450)
     # the observed KV usage is a floor: 3 ready replicas at 95% with a 0.8 target -> 4
     assert steady(pol("decode"), 0.1, 2000, 100, ready_replicas=3, kv_usage=0.95) == 4
     # a TTFT-only or TPOT-only spec is refused for the role that needs the other
@@ -82,6 +89,19 @@ def test_each_role_is_sized_on_its_own_work():
         PdModelPolicy("decode", SLOS[:1], m)
     with pytest.raises(ValueError, match="prefill or decode"):
         PdModelPolicy("both", SLOS, m)
+
+
+def test_the_prefill_pool_is_one_queue():
+    m = load_latency_model(MODEL)
+    s = m.step_ms(4000, 4000, 0, 0) / 1000.0
+    lam, cv, q = 1.5, 0.8, 0.9
+    rho = lam * s  # one replica: sloModel's M/G/1 tail, W0 / rho ln(rho / tail)
+    w0 = lam * s * s * (1 + cv**2) / (2 * (1 - rho))
+    assert prefill_wait(m, lam, 1, 4000, q, cv) == pytest.approx(w0 / rho * math.log(rho / (1 - q)))
+    # four replicas sharing one queue wait less than one replica at a quarter of the rate
+    assert prefill_wait(m, 4 * lam, 4, 4000, q, cv) < prefill_wait(m, lam, 1, 4000, q, cv)
+    assert prefill_wait(m, 10.0, 4, 4000, q, cv) == math.inf  # 4.3 erlangs on 4 replicas
+    assert erlang_c(1, 0.5) == pytest.approx(0.5) and erlang_c(2, 1.0) == pytest.approx(1 / 3)
 
 
 def test_a_prompt_too_long_for_the_slo_does_not_order_every_replica():
@@ -93,7 +113,9 @@ def test_a_prompt_too_long_for_the_slo_does_not_order_every_replica():
 
 def test_the_spec_loads_and_a_bad_role_names_the_field():
     spec = load_spec(spec_text("prefill"), "p.yaml")
-    assert spec.policy_type == "pdModel" and spec.config.role == "prefill"
+    assert spec.policy_type == "pdModel" and spec.config.role == "prefill" and spec.triggers == []
+    fast = load_spec(spec_text("decode", arrivalsQuery='"sum(llm_d_epp_request_total)"'))
+    assert [(t.name, t.query) for t in fast.triggers] == [("arrivals", "sum(llm_d_epp_request_total)")]
     assert isinstance(make_policy(spec, load_latency_model(MODEL)), PdModelPolicy)
     with pytest.raises(ValueError, match=r"spec\.policy\.pdModel\.role"):
         load_spec(spec_text("middle"), "p.yaml")
@@ -125,10 +147,11 @@ def test_both_pools_scale_in_the_simulator_under_a_ramp():
     f = Fleet(sc, build_workload(sc, sc.seed))
     f.run()
     prefill, decode = f.pools
-    # at 0.2 req/s one of each; at 3 req/s of 4k-token prompts and 600-token outputs both grew
+    # at 0.2 req/s one or two; at 3 req/s of 4k-token prompts (1.3 erlangs of prefill) and 600-token
+    # outputs both grew
     assert [d for t, d, _ in prefill.decisions if t < 300][-1] <= 2
     assert [d for t, d, _ in decode.decisions if t < 300][-1] == 1
-    assert max(d for _, d, _ in prefill.decisions) >= 4
+    assert max(d for _, d, _ in prefill.decisions) >= 3
     assert max(d for _, d, _ in decode.decisions) >= 4
     assert all(r.startswith("pdModel/prefill") for _, _, r in prefill.decisions[1:])
     assert any("prompt tok/s" in r for _, _, r in prefill.decisions)

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from autoscaler.forecast import DemandOptions
+from autoscaler.keda import Trigger
 from autoscaler.pd_model import PdModelPolicy
 from autoscaler.registry import PolicyType, option, param_default, register
 
@@ -41,6 +42,15 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
                           "decode role: KV tokens one replica holds (0: the observed KV usage only)")
     kv_target: float = _o("kvTarget", "kv_target", {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                           "decode role: the KV usage a replica is sized to stay under")
+    prefill_threshold: float = _o("prefillThreshold", "prefill_threshold", {**NONNEG, "maximum": 1e7},
+                                  "decode role: the router's P/D threshold; shorter prompts are prefilled "
+                                  "on the decode pool and slow its steps (0: none)")
+    arrivals_query: str = _o("arrivalsQuery", "arrivals_query", {"type": "string"},
+                             "PromQL for the router's arrival counter, read as the rate now (fast signal; "
+                             "the prefill role takes its pool's share of it)")
+    fast_window: float = _o("fastWindowSeconds", "fast_window", POS,
+                            "the arrival counter's rise over this window is the rate now")
+    trend_window: float = _o("trendWindowSeconds", "trend_window", POS)
 
 
 def build(spec, options: PdModelOptions, latency_model) -> PdModelPolicy:
@@ -51,9 +61,14 @@ def build(spec, options: PdModelOptions, latency_model) -> PdModelPolicy:
                          startup_delay=spec.startup_delay, demand=demand, **given)
 
 
+def triggers(o: PdModelOptions) -> list[Trigger]:
+    """The router's arrival counter as the trigger "arrivals" (read as any trigger) when given."""
+    return [Trigger("arrivals", o.arrivals_query, 0.0)] if o.arrivals_query else []
+
+
 PD_MODEL = register(PolicyType(
     "pdModel", build, reads=("arrival_rate", "mean_tokens", "num_waiting", "num_running", "kv_usage"),
-    options=PdModelOptions, needs_latency_model=True, needs_slo=True,
+    options=PdModelOptions, needs_latency_model=True, needs_slo=True, triggers=triggers,
     no_keda="the P/D model-based policy predicts each role's latency from a step-time model; KEDA triggers "
     "cannot express it",
     meaning="one pool of a prefill/decode service, sized on its role's needs with a latency model",

@@ -1,0 +1,259 @@
+"""The P/D day (`bench/policies.py --workload pd-day`): a disaggregated Llama-2-70B service on H100 TP4
+replicas (a prefill pool and a decode pool, 2-minute startup each) through a 6-hour day whose length
+mix shifts under the bursty rate, so the right P:D ratio moves:
+
+* the rate: the bursty day's shape (diurnal, trough at the start, peak half-way, two 3x bursts at 1/4
+  and 2/3 of the day), at --rate req/s on average;
+* the mix: each request is a summarisation (long prompt, short answer) with a probability of 0.85 for
+  the first 40% of the day, falling linearly to 0.1 by 60% and staying there (the chatty phase: short
+  prompts, longer answers).
+
+Rows: HPA per pool on its own utilisation (prefill: requests in the pool per replica; decode: running
+sequences per replica), a fixed 1:1 P:D unit scaled as one on the whole fleet's requests, a Dynamo-style
+throughput planner (bench/pd_baselines.py), ours (pdModel on each pool), and the oracle bound: per
+minute, the fewest prefill and decode replicas for that minute's arrivals of each kind at the capacities
+a replica of each role sustains on each pure mix (measured by steady runs, simulator.planner.pd_plan),
+each started and billed a startup delay ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pd_baselines  # noqa: F401  (registers throughputPlanner)
+
+from simulator.planner.oracle import MINUTE
+from simulator.report import request_table, slo_meets
+from simulator.run import build_workload, simulate
+from simulator.scenario import load_scenario
+from simulator.workload import Workload
+
+STARTUP = 120.0
+GPUS = 4
+TTFT_SLO, TPOT_SLO = 3.0, 0.1
+SLO = {"ttft": {"percentile": 90, "seconds": TTFT_SLO}, "tpot": {"percentile": 90, "seconds": TPOT_SLO}}
+KV_BYTES = 327680
+POOL = {"latency_model": "h100-llama2-70b-tp4", "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+        "max_model_len": 32768, "prefix_caching": False, "provisioning_delay": STARTUP, "cost_per_hour": 39.2,
+        "kv_memory": {"gpu_memory_gib": 74.5, "num_gpus": GPUS, "utilization": 0.9, "weights_gib": 130.4,
+                      "kv_bytes_per_token": KV_BYTES}}
+PD = {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 1024,
+      "link": {"bandwidth_gbs": 50, "latency_ms": 0.5}, "kv_bytes_per_token": KV_BYTES}
+# (prompt mean, median, max), (output mean, median, max)
+MIXES = {"summarise": ((6000, 4500, 16000), (150, 100, 1000)), "chat": ((800, 500, 4000), (450, 300, 2000))}
+MAX_REPLICAS = 40
+
+
+def summarise_share(t: np.ndarray, day: float) -> np.ndarray:
+    return np.interp(t / day, [0.0, 0.4, 0.6, 1.0], [0.85, 0.85, 0.1, 0.1])
+
+
+def _lognormal(rng, n: int, mean: float, median: float, cap: float) -> np.ndarray:
+    sigma = math.sqrt(2.0 * math.log(mean / median))
+    return np.clip(np.round(rng.lognormal(math.log(median), sigma, n)), 1, cap).astype(np.int64)
+
+
+def day_workload(hours: float, rate: float, seed: int) -> tuple[Workload, np.ndarray]:
+    """(the day's requests, True where a request is a summarisation)."""
+    day = hours * 3600
+    arrivals = {"process": "gamma", "cv": 1.09, "diurnal": {"mean": rate, "amplitude": 0.7, "period": day},
+                "spikes": [{"at": day * 0.25, "duration": 300, "factor": 3.0, "ramp": 120},
+                           {"at": day * 0.66, "duration": 300, "factor": 3.0, "ramp": 120}]}
+    sc = load_scenario({"seed": seed, "duration": day,
+                        "workload": {"arrivals": arrivals, "prompt_tokens": 1, "output_tokens": 1},
+                        "pools": [{"name": "x", "latency_model": POOL["latency_model"]}]})
+    times = build_workload(sc, seed).times
+    rng = np.random.default_rng([seed, 30])
+    long = rng.random(len(times)) < summarise_share(times, day)
+    prompt, output = np.empty(len(times), np.int64), np.empty(len(times), np.int64)
+    for name, sel in (("summarise", long), ("chat", ~long)):
+        (pm, pmed, pmax), (om, omed, omax) = MIXES[name]
+        prompt[sel] = _lognormal(rng, int(sel.sum()), pm, pmed, pmax)
+        output[sel] = _lognormal(rng, int(sel.sum()), om, omed, omax)
+    return Workload(times, prompt, output), long
+
+
+def ia(name: str, policy: dict, polling: int = 15) -> dict:
+    return {"spec": {"apiVersion": "slopilot.dev/v1alpha1", "kind": "InferenceAutoscaler",
+                     "metadata": {"name": name},
+                     "spec": {"scaleTargetRef": {"name": name}, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
+                              "pollingInterval": polling, "startupDelaySeconds": int(STARTUP), "slo": SLO,
+                              "policy": policy}}}
+
+
+def hpa(name: str, query: str, per_replica: float) -> dict:
+    trig = {"type": "prometheus", "name": "load", "metadata": {"query": query, "threshold": str(per_replica)}}
+    return ia(name, {"type": "hpa", "hpa": {"triggers": [trig]}})
+
+
+# both pools read the router's arrival counter as their fast signal (the prefill pool its share of it)
+OURS = {"burstSlope": "last", "dropOnFall": True, "margin": 0.1, "decodeTtftSeconds": 0.3,
+        "arrivalsQuery": "sum(llm_d_epp_request_total)"}
+# the prompts under the router's threshold are prefilled on the decode pool
+DECODE = {"role": "decode", "prefillThreshold": PD["threshold"]}
+
+
+def policies() -> dict[str, tuple[dict, dict]]:
+    """name -> (prefill pool's autoscaler, decode pool's)."""
+    fleet = "sum(vllm:num_requests_running) + sum(vllm:num_requests_waiting)"
+    return {
+        "HPA per pool (own utilisation)": (
+            hpa("prefill", 'sum(vllm:num_requests_running{job="prefill"}) + '
+                           'sum(vllm:num_requests_waiting{job="prefill"})', 2),
+            hpa("decode", 'sum(vllm:num_requests_running{job="decode"})', 24)),
+        "fixed 1:1 P:D unit": (hpa("prefill", fleet, 24), hpa("decode", fleet, 24)),
+        "throughput planner (Dynamo-style)": tuple(
+            ia(r, {"type": "throughputPlanner", "throughputPlanner": {"role": r}}, polling=60)
+            for r in ("prefill", "decode")),
+        "ours (pdModel per pool)": (
+            ia("prefill", {"type": "pdModel", "pdModel": {**OURS, "role": "prefill"}}, polling=5),
+            ia("decode", {"type": "pdModel", "pdModel": {**OURS, **DECODE}}, polling=5)),
+    }
+
+
+def scenario(day: float, prefill: dict, decode: dict, p0: int = 2, d0: int = 2) -> dict:
+    return {"name": "pd-day", "seed": 7, "duration": day,
+            "workload": {"arrivals": {"rate": 1}, "prompt_tokens": 1, "output_tokens": 1},
+            "pools": [{**POOL, "name": "prefill", "replicas": p0, "labels": {"engine": "prefill"},
+                       "autoscaler": prefill},
+                      {**POOL, "name": "decode", "replicas": d0, "labels": {"engine": "decode"},
+                       "autoscaler": decode}],
+            "pd": PD, "router": {"policy": "least_outstanding"}, "slo": SLO,
+            "metrics": {"scrape_interval": 15, "rate_window": 60}, "output": {"timeline_interval": 30},
+            "drain": {"max": 900}}
+
+
+def pool_counts(fleet) -> tuple[np.ndarray, np.ndarray]:
+    """Prefill and decode replicas (provisioning + ready) at each timeline instant."""
+    by: dict[float, list[int]] = {}
+    for r in fleet.timeline:
+        by.setdefault(r["time"], [0, 0])[0 if r["pool"] == "prefill" else 1] += r["ready"] + r["provisioning"]
+    rows = [by[t] for t in sorted(by)]
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+def row(name: str, res, wall: float) -> dict:
+    fleet = res.fleet
+    req = request_table(fleet)
+    arrived = np.arange(len(req["arrival"])) < fleet.arrived
+    att = {}
+    ok = np.ones(int(arrived.sum()), dtype=bool)
+    for slo in fleet.sc.slos:
+        m = slo_meets(req, slo, arrived)
+        att[slo.metric] = float(m.mean())
+        ok &= m
+    p, d = pool_counts(fleet)
+    ratio = p / np.maximum(d, 1)
+    return {"policy": name, "requests": int(arrived.sum()), "ttft_attainment": att.get("ttft"),
+            "tpot_attainment": att.get("tpot"), "attainment": float(ok.mean()),
+            "gpu_hours": res.summary["costs"]["gpu_hours"],
+            "pd_ratio": [float(ratio.min()), float(ratio.max())],
+            "prefill_range": [int(p.min()), int(p.max())],
+            "decode_range": [int(d.min()), int(d.max())],
+            "scale_events": sum(len(pl.scale_events) for pl in fleet.pools), "wall_s": wall}
+
+
+def run_row(name: str, sc: dict, wl: Workload) -> dict:
+    t = time.perf_counter()
+    res = simulate(load_scenario(sc), None, workload=wl, plots=False)
+    return row(name, res, time.perf_counter() - t)
+
+
+def capacities(rate: float = 6.0) -> dict[str, tuple[float, float]]:
+    """Per pure mix: (req/s one prefill replica sustains, req/s one decode replica sustains) within the
+    SLOs, from the smallest P/D split meeting them in steady runs at `rate` (simulator.planner.pd_plan)."""
+    from simulator.planner.pd_plan import level_task
+    from simulator.planner.plan import load_plan
+    from simulator.planner.sweep import SerialRunner, drive
+
+    out = {}
+    for name, ((pm, pmed, pmax), (om, omed, omax)) in MIXES.items():
+        pool = {k: v for k, v in POOL.items() if k not in ("provisioning_delay", "cost_per_hour")}
+        pool["kv_memory"] = {k: v for k, v in pool["kv_memory"].items() if k != "num_gpus"}
+        plan = load_plan({
+            "name": name, "seeds": [1], "duration": 600,
+            "workload": {"arrivals": {"process": "gamma", "cv": 1.09, "rate": rate},
+                         "prompt_tokens": {"dist": "lognormal", "mean": pm, "median": pmed, "max": pmax},
+                         "output_tokens": {"dist": "lognormal", "mean": om, "median": omed, "max": omax}},
+            "slo": SLO, "router": {"policy": "least_outstanding"},
+            "deployments": [{"name": "h100", **pool, "price_per_gpu_hour": 39.2 / GPUS}],
+            "search": {"duration": 600, "peak_duration": 600, "max_duration": 1200, "drain": 300},
+            "pd": {k: v for k, v in PD.items() if k not in ("prefill_pool", "decode_pool")}})
+        lv = drive({"x": level_task(plan, rate, 1.0)}, SerialRunner())["x"]
+        out[name] = (rate / lv["pd"]["prefill"], rate / lv["pd"]["decode"])
+    return out
+
+
+def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
+    """Per minute the prefill and decode replicas that minute's arrivals of each kind need at the
+    measured capacities (at least 1 each), started and billed a startup delay ahead."""
+    minutes = int(math.ceil(day / MINUTE))
+    m = (wl.times // MINUTE).astype(int)
+    n_long = np.bincount(m[long], minlength=minutes)[:minutes] / MINUTE
+    n_chat = np.bincount(m[~long], minlength=minutes)[:minutes] / MINUTE
+    lead = int(math.ceil(STARTUP / MINUTE))
+    out = {}
+    for i, role in enumerate(("prefill", "decode")):
+        work = n_long / caps["summarise"][i] + n_chat / caps["chat"][i]
+        need = np.maximum(1, np.ceil(work - 1e-9)).astype(int)
+        out[role] = np.array([need[k: k + lead + 1].max() for k in range(minutes)])
+    ratio = out["prefill"] / out["decode"]
+    return {"gpu_hours": float((out["prefill"] + out["decode"]).sum() / 60 * GPUS),
+            "pd_ratio": [float(ratio.min()), float(ratio.max())],
+            "prefill_range": [int(out["prefill"].min()), int(out["prefill"].max())],
+            "decode_range": [int(out["decode"].min()), int(out["decode"].max())]}
+
+
+def pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def table(rows: list[dict], bound: dict) -> str:
+    head = ("| policy | TTFT attainment | TPOT attainment | both | GPU-hours | x oracle | P:D ratio range "
+            "| prefill replicas | decode replicas | scale events |")
+    out = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        x = r["gpu_hours"] / bound["gpu_hours"]
+        out.append(f"| {r['policy']} | {pct(r['ttft_attainment'])} | {pct(r['tpot_attainment'])} | "
+                   f"{pct(r['attainment'])} | {r['gpu_hours']:.1f} | {x:.2f} | "
+                   f"{r['pd_ratio'][0]:.2f}-{r['pd_ratio'][1]:.2f} | "
+                   f"{r['prefill_range'][0]}-{r['prefill_range'][1]} "
+                   f"| {r['decode_range'][0]}-{r['decode_range'][1]} | {r['scale_events']} |")
+    out.append(f"| oracle bound (P/D, per minute) | - | - | - | {bound['gpu_hours']:.1f} | 1.00 | "
+               f"{bound['pd_ratio'][0]:.2f}-{bound['pd_ratio'][1]:.2f} | "
+               f"{bound['prefill_range'][0]}-{bound['prefill_range'][1]} | "
+               f"{bound['decode_range'][0]}-{bound['decode_range'][1]} | - |")
+    return "\n".join(out)
+
+
+def run_day(args) -> None:
+    """`bench/policies.py --workload pd-day [--hours 6] [--rate 3] [--seed 7] [--only ...] [--json F]`."""
+    import json
+    import os
+
+    day = args.hours * 3600
+    wl, long = day_workload(args.hours, args.rate, args.seed)
+    print(f"pd-day: {len(wl)} requests over {args.hours:g} h ({100 * long.mean():.0f}% summarisations; "
+          f"prompt mean {wl.prompt.mean():.0f}, output mean {wl.output.mean():.0f} tokens); load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    t = time.perf_counter()
+    caps = capacities()
+    print("capacity per replica (req/s): " + ", ".join(
+        f"{k}: prefill {p:.2f}, decode {d:.2f}" for k, (p, d) in caps.items())
+        + f" ({time.perf_counter() - t:.0f} s)", flush=True)
+    bound = oracle_pd(wl, long, day, caps)
+    rows = []
+    for name, (pre, dec) in policies().items():
+        if args.only and not any(name.startswith(o) for o in args.only):
+            continue
+        rows.append(run_row(name, scenario(day, pre, dec), wl))
+        r = rows[-1]
+        print(f"  {name}: {pct(r['attainment'])} both, {r['gpu_hours']:.1f} GPU-h, {r['wall_s']:.0f} s wall, "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+    print(table(rows, bound))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"hours": args.hours, "rate": args.rate, "seed": args.seed, "capacities": caps,
+                       "bound": bound, "rows": rows}, f, indent=2)
