@@ -44,4 +44,5 @@ def test_both_pools_scale_under_a_ramp_and_their_logs_replay(tmp_path, capsys):
         replayed = list(csv.DictReader(io.StringIO(again.read_text())))
         key = ("time", "desired_replicas", "active", "reason")
         assert [tuple(r[k] for k in key) for r in rows] == [tuple(r[k] for k in key) for r in replayed]
-    assert summary["requests"]["ok"] > 0
+    req = summary["requests"]
+    assert req["ok"] >= 0.95 * req["requests"], req  # every prompt fits the emulated engines' context
