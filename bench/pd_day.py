@@ -13,7 +13,9 @@ sequences per replica), a fixed 1:1 P:D unit scaled as one on the whole fleet's 
 throughput planner (bench/pd_baselines.py), ours (pdModel on each pool), and the oracle bound: per
 minute, the fewest prefill and decode replicas for that minute's arrivals of each kind at the capacities
 a replica of each role sustains on each pure mix (measured by steady runs, simulator.planner.pd_plan),
-each started and billed a startup delay ahead.
+each started and billed a startup delay ahead. With --bounds, that plan simulated (each pool on a
+schedule) and the reactive bound (the same plan blind to each burst until 30 s after its start, then
+its peak ordered at once), as bench/policies.py does for the aggregated bursty day.
 """
 
 from __future__ import annotations
@@ -194,16 +196,58 @@ def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
     n_long = np.bincount(m[long], minlength=minutes)[:minutes] / MINUTE
     n_chat = np.bincount(m[~long], minlength=minutes)[:minutes] / MINUTE
     lead = int(math.ceil(STARTUP / MINUTE))
-    out = {}
+    out, needs = {}, {}
     for i, role in enumerate(("prefill", "decode")):
         work = n_long / caps["summarise"][i] + n_chat / caps["chat"][i]
         need = np.maximum(1, np.ceil(work - 1e-9)).astype(int)
+        needs[role] = need
         out[role] = np.array([need[k: k + lead + 1].max() for k in range(minutes)])
     ratio = out["prefill"] / out["decode"]
     return {"gpu_hours": float((out["prefill"] + out["decode"]).sum() / 60 * GPUS),
             "pd_ratio": [float(ratio.min()), float(ratio.max())],
             "prefill_range": [int(out["prefill"].min()), int(out["prefill"].max())],
-            "decode_range": [int(out["decode"].min()), int(out["decode"].max())]}
+            "decode_range": [int(out["decode"].min()), int(out["decode"].max())],
+            "need": {k: v.tolist() for k, v in needs.items()},
+            "billed": {k: v.tolist() for k, v in out.items()}}
+
+
+def spikes(day: float) -> list[dict]:
+    return [{"at": day * f, "duration": 300} for f in (0.25, 0.66)]
+
+
+def reactive_steps(need: np.ndarray, day: float, detect: float) -> list[dict]:
+    """A pool's reactive bound (bench/policies.py's, per pool): the oracle's per-minute plan, blind to
+    each burst until `detect` s after its start, then the burst's peak need ordered at once."""
+    from simulator.planner.oracle import plan_steps
+
+    blind, extra = need.copy(), []
+    for s in spikes(day):
+        m0, m1 = int(s["at"] // 60), int(math.ceil((s["at"] + s["duration"]) / 60))
+        blind[m0:m1] = need[m0 - 1]
+        extra.append((s["at"] + detect, s["at"] + s["duration"], int(need[m0:m1].max())))
+    lead = int(math.ceil(STARTUP / MINUTE))
+    billed = np.array([blind[k: k + lead + 1].max() for k in range(len(blind))])
+    return plan_steps(billed, extra)
+
+
+def bound_rows(wl: Workload, day: float, bound: dict) -> list[dict]:
+    """The oracle's plan and the reactive bound (burst seen 30 s after its start), each pool on a
+    schedule, simulated: what perfect sizing reaches with and without foresight of the bursts."""
+    from simulator.planner.oracle import plan_steps
+
+    def sched(steps):
+        return {"schedule": steps, "polling_interval": 5}
+
+    rows = []
+    roles = ("prefill", "decode")
+    plans = {"oracle plan (simulated)": {r: plan_steps(np.array(bound["billed"][r])) for r in roles},
+             "reactive bound (burst seen after 30 s)": {
+                 r: reactive_steps(np.array(bound["need"][r]), day, 30.0) for r in roles}}
+    for name, steps in plans.items():
+        sc = scenario(day, sched(steps["prefill"]), sched(steps["decode"]), steps["prefill"][0]["replicas"],
+                      steps["decode"][0]["replicas"])
+        rows.append(run_row(name, sc, wl))
+    return rows
 
 
 def pct(v) -> str:
@@ -252,8 +296,14 @@ def run_day(args) -> None:
         r = rows[-1]
         print(f"  {name}: {pct(r['attainment'])} both, {r['gpu_hours']:.1f} GPU-h, {r['wall_s']:.0f} s wall, "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
+    if getattr(args, "bounds", False):
+        rows += bound_rows(wl, day, bound)
+        for r in rows[-2:]:
+            print(f"  {r['policy']}: {pct(r['attainment'])} both, {r['gpu_hours']:.1f} GPU-h", flush=True)
     print(table(rows, bound))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"hours": args.hours, "rate": args.rate, "seed": args.seed, "capacities": caps,
-                       "bound": bound, "rows": rows}, f, indent=2)
+                       "bound": {k: v for k, v in bound.items() if k not in ("need", "billed")},
+                       "rows": rows},
+                      f, indent=2)
