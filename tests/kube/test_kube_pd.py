@@ -82,9 +82,10 @@ def pd_autoscaler(role: str, target: str) -> dict:
 @pytest.mark.slow  # ~25 s: the stand-in, two scrape loops and their rate windows
 def test_two_deployments_scale_through_their_scale_subresources(cluster):
     ns = cluster.namespace("pd")
-    # prefill: 6 prompts/s of 4000 tokens (~2.6 s of prefill a second: several replicas); decode: the
-    # same requests, 300-token outputs, a light batch but its KV at 95% on one replica (the floor: 2)
-    prefill = PoolPage(6.0, 4000, 1, running=1, kv=0.1)
+    # prefill: 12 prompts/s of 4000 tokens (~5 s of prefill a second: several replicas; the 60-s rate
+    # reads less while its window fills); decode: 6 requests/s, 300-token outputs, a light batch but its
+    # KV at 95% on one replica (the floor: 2)
+    prefill = PoolPage(12.0, 4000, 1, running=1, kv=0.1)
     decode = PoolPage(6.0, 4000, 300, running=20, kv=0.95)
     try:
         for name, page in (("llama-prefill", prefill), ("llama-decode", decode)):
@@ -99,8 +100,8 @@ def test_two_deployments_scale_through_their_scale_subresources(cluster):
         def replicas(name: str) -> int:
             return cluster.get("apps/v1", "Deployment", ns, name)["spec"]["replicas"]
 
-        wait_for(lambda: replicas("llama-prefill") >= 3, 30, "the prefill Deployment scaled")
-        wait_for(lambda: replicas("llama-decode") >= 2, 30, "the decode Deployment scaled")
+        wait_for(lambda: replicas("llama-prefill") >= 3, 60, "the prefill Deployment scaled")
+        wait_for(lambda: replicas("llama-decode") >= 2, 60, "the decode Deployment scaled")
         wait_for(lambda: all((cluster.condition(ns, n, "AbleToScale") or {}).get("status") == "True"
                              for n in ("llama-prefill", "llama-decode")), 10, "statuses")
         cluster.stop_controller(ctl)
