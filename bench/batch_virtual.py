@@ -7,6 +7,11 @@ are kept `batch_inflight` at a time at the engine (sent with priority 1, as the 
 bench/batch_isolation.py (the engine's capacity) and tests/test_batch_isolation_virtual.py.
 
     .venv/bin/python bench/batch_virtual.py [--load 0.8] [--seconds 120]
+    .venv/bin/python bench/batch_virtual.py --fill [--step-budget 3] [--solo-step 70]
+
+--fill compares, at each load, background priority alone (batch lines only in steps with no
+interactive work) with the engine's --background-step-budget/--background-solo-step bounds, on the
+same arrivals: the change in interactive p90 against the load alone, and the batch lines finished.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ class Result:
     batch_total: int  # and when those still out have finished after it
 
 
-def engine(policy: str = "fcfs", background: int | None = None) -> tuple[LLMEngine, VirtualClock]:
+def engine(policy: str = "fcfs", background: int | None = None, step_budget: float | None = None,
+           solo_step: float | None = None) -> tuple[LLMEngine, VirtualClock]:
     lat, clock = load_latency_model(EMULATED), VirtualClock()
-    args = emulated_kv(EngineArgs(scheduling_policy=policy, background_priority=background), lat)
+    args = emulated_kv(EngineArgs(scheduling_policy=policy, background_priority=background,
+                                  background_step_budget=step_budget, background_solo_step=solo_step), lat)
     runner = EmulatedRunner(lat, num_kv_blocks=args.kv_blocks(4096), block_size=args.block_size,
                             sleep=clock.sleep, clock=clock)
     return LLMEngine(args, runner=runner, clock=clock), clock
@@ -67,9 +74,11 @@ def capacity(seconds: float = 60.0) -> float:
 
 
 def run(rate: float, seconds: float, batch_inflight: int = 0, policy: str = "fcfs",
-        background: int | None = None, seed: int = 1) -> Result:
-    """The interactive load for `seconds` (then drained), with batch_inflight lines kept at the engine."""
-    eng, clock = engine(policy, background)
+        background: int | None = None, seed: int = 1, step_budget: float | None = None,
+        solo_step: float | None = None) -> Result:
+    """The interactive load for `seconds` (then drained), with batch_inflight lines kept at the engine;
+    step_budget/solo_step: the engine's --background-step-budget/--background-solo-step (ms)."""
+    eng, clock = engine(policy, background, step_budget, solo_step)
     arrivals, rng, words = [], random.Random(seed), random.Random(seed + 1)
     t = rng.expovariate(rate)
     while t < seconds:
@@ -101,12 +110,51 @@ def run(rate: float, seconds: float, batch_inflight: int = 0, policy: str = "fcf
                   done + sum(s.is_finished for s in left))
 
 
+@dataclass
+class FillRow:
+    load: float
+    label: str
+    ttft: float  # median over seeds of the change in TTFT p90 against no batch (a fraction)
+    tpot: float
+    lines: float  # median batch lines finished during the load
+
+
+def fill_table(loads: tuple[float, ...], seconds: float, seeds: int, inflight: int = 64,
+               step_budget: float = 3.0, solo_step: float | None = 70.0) -> list[FillRow]:
+    """At each load: background priority alone ('before') and with the bounds ('after')."""
+    cap, rows = capacity(), []
+    for load in loads:
+        alone = [run(load * cap, seconds, 0, "priority", 1, seed) for seed in range(1, seeds + 1)]
+        for label, budget, solo in (("before", None, None), ("after", step_budget, solo_step)):
+            runs = [run(load * cap, seconds, inflight, "priority", 1, seed, budget, solo)
+                    for seed in range(1, seeds + 1)]
+            rows.append(FillRow(load, label,
+                                float(np.median([b.ttft_p90 / a.ttft_p90 - 1 for a, b in zip(alone, runs)])),
+                                float(np.median([b.tpot_p90 / a.tpot_p90 - 1 for a, b in zip(alone, runs)])),
+                                float(np.median([b.batch_done for b in runs]))))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--load", type=float, default=0.8, help="interactive rate as a share of capacity")
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--fill", action="store_true", help="before/after the background step bounds")
+    ap.add_argument("--step-budget", type=float, default=3.0, metavar="MS")
+    ap.add_argument("--solo-step", type=float, default=70.0, metavar="MS")
+    ap.add_argument("--inflight", type=int, default=64, help="batch lines kept at the engine (--fill)")
     args = ap.parse_args()
+    if args.fill:
+        print(f"{args.inflight} batch lines at the engine, {args.seconds:g} s virtual, median of "
+              f"{args.seeds} seeds; after: --background-step-budget {args.step_budget:g} "
+              f"--background-solo-step {args.solo_step:g}")
+        for r in fill_table((0.1, 0.25, 0.5, 0.8), args.seconds, args.seeds, args.inflight,
+                            args.step_budget, args.solo_step):
+            per_min = r.lines * 60 / args.seconds
+            print(f"load {r.load:4.0%} {r.label:>6}: TTFT p90 {100 * r.ttft:+5.1f}%  TPOT p90 "
+                  f"{100 * r.tpot:+5.1f}%  batch lines {r.lines:5.0f} ({per_min:.0f}/min)", flush=True)
+        return
     cap = capacity()
     rate = args.load * cap
     print(f"capacity {cap:.2f} req/s; interactive {rate:.2f} req/s; {args.seconds:g} s virtual; "

@@ -27,6 +27,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True  # off: a prompt is computed whole in one step
     scheduling_policy: str = "fcfs"
     background_priority: int | None = None  # requests at or above it run only in steps with no others
+    background_step_budget: float | None = None  # ms background work may add to a step with others
+    background_solo_step: float | None = None  # ms cap of a step of background work only
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
@@ -44,6 +46,14 @@ class EngineArgs:
         error = offload_error(self.kv_offloading_size, self.kv_offloading_backend, self.enable_prefix_caching)
         if error:
             raise ValueError(error)
+        for name in ("background_step_budget", "background_solo_step"):
+            value = getattr(self, name)
+            if value is not None:
+                flag = f"--{name.replace('_', '-')}"
+                if self.background_priority is None:
+                    raise ValueError(f"{flag} needs --background-priority (which requests are background)")
+                if not 0 <= value < float("inf"):
+                    raise ValueError(f"{flag} must be a non-negative number of milliseconds, got {value!r}")
         if not 0 < self.kv_offloading_bandwidth < float("inf"):
             raise ValueError(f"--kv-offloading-bandwidth must be a positive number of GB/s, got "
                              f"{self.kv_offloading_bandwidth!r}")
@@ -81,6 +91,14 @@ def add_cli_args(p: argparse.ArgumentParser, real_only: str = "") -> None:
                    help="requests whose priority field is P or more (lower is served first) run only in "
                    "steps with no other request running or waiting; others preempt them for a seat or "
                    "KV blocks (e.g. batch lines sent with priority 1; default: none)")
+    g.add_argument("--background-step-budget", type=float, default=d.background_step_budget, metavar="MS",
+                   help="with --background-priority: background work may join a step that has other "
+                   "work while the step's predicted time grows by at most MS milliseconds (needs a "
+                   "step-time model: emulated engines; default: none joins)")
+    g.add_argument("--background-solo-step", type=float, default=d.background_solo_step, metavar="MS",
+                   help="with --background-priority: a step of background work only is filled up to MS "
+                   "predicted milliseconds (at least one request), so a request arriving meanwhile "
+                   "waits less (needs a step-time model: emulated engines; default: no cap)")
     g.add_argument("--seed", type=int, default=d.seed,
                    help="seeds the weights of a preset and the requests that bring no seed")
     note = f" ({real_only})" if real_only else ""

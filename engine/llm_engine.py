@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from engine.args import EngineArgs
+from engine.core.background import BackgroundFill
 from engine.core.batch_shape import BatchShape, batch_shape
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
@@ -23,6 +24,22 @@ from engine.core.sequence import Sequence, SequenceStatus
 from engine.outputs import RequestMetrics, RequestOutput
 
 MAX_FAILED_ALONE = 3
+
+
+def background_fill(args: EngineArgs, runner) -> BackgroundFill | None:
+    """The bounds on background work in a step, timed by the runner's step-time model."""
+    if args.background_step_budget is None and args.background_solo_step is None:
+        return None
+    latency = getattr(runner, "latency", None)
+    if latency is None:
+        raise ValueError("--background-step-budget and --background-solo-step need a step-time model to "
+                         "predict a step's time; only an emulated engine (serve --emulate) has one")
+
+    def step_ms(b: BatchShape) -> float:
+        return latency.step_ms(b.prefill_tokens, b.prefill_context, b.decode_seqs, b.decode_context,
+                               b.prefill_seqs)
+
+    return BackgroundFill(step_ms, args.background_step_budget, args.background_solo_step)
 
 
 class LLMEngine:
@@ -60,7 +77,8 @@ class LLMEngine:
                                    eos_token_id=eos,
                                    policy=args.scheduling_policy,
                                    enable_chunked_prefill=args.enable_chunked_prefill,
-                                   background_priority=args.background_priority)
+                                   background_priority=args.background_priority,
+                                   background_fill=background_fill(args, self.runner))
         self.model_name = args.model
         self.clock = clock
         self.seqs: dict[str, Sequence] = {}

@@ -39,3 +39,18 @@ def test_batch_lines_sharing_steps_raise_interactive_latency(rate, policy):
     ttft, tpot, beside = change(rate, 8, policy, None)
     # the lines run all along, in shared steps
     assert tpot > 0.15 and beside.batch_done > 100, (ttft, tpot, beside)
+
+
+@pytest.mark.parametrize("load", [0.25, 0.5, 0.8])
+def test_step_bounds_let_the_batch_progress_under_load_within_10_percent(rate, load):
+    """--background-step-budget 3 --background-solo-step 70 (ms): 64 lines at the engine get on
+    under steady interactive traffic, where background priority alone starves them."""
+    r = rate / 0.8 * load
+    alone = run(r, SECONDS, 0, "priority", 1)
+    before = run(r, SECONDS, 64, "priority", 1)
+    after = run(r, SECONDS, 64, "priority", 1, 1, 3.0, 70.0)
+    ttft, tpot = after.ttft_p90 / alone.ttft_p90 - 1, after.tpot_p90 / alone.tpot_p90 - 1
+    print(f"load {load:.0%}: TTFT p90 {100 * ttft:+.1f}%, TPOT p90 {100 * tpot:+.1f}%, batch lines "
+          f"{before.batch_done} -> {after.batch_done}")
+    assert abs(ttft) <= 0.10 and abs(tpot) <= 0.10, (ttft, tpot)
+    assert after.batch_done >= max(1.4 * before.batch_done, 100), (before.batch_done, after.batch_done)

@@ -1,11 +1,16 @@
-"""Background requests (priority >= background_priority) yield whole steps to the others."""
+"""Background requests (priority >= background_priority) yield whole steps to the others, or with a
+step-time model join them within a bound."""
 
 import pytest
 
+from engine.args import EngineArgs
+from engine.core.background import BackgroundFill
+from engine.core.batch_shape import BatchShape, batch_shape
 from engine.core.block_manager import BlockManager
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.llm_engine import background_fill
 
 
 def make(num_blocks=64, block_size=4, **kw):
@@ -117,3 +122,96 @@ def test_all_finish_and_the_foreground_count_returns_to_zero(policy):
     assert all(s.is_finished for s in seqs) and sched.num_foreground == 0
     sched.add(seq(4, "x"))
     assert sched.abort("x") and sched.num_foreground == 0
+
+
+# -- bounded background work in shared steps (engine.core.background) -------------------------------
+
+def cost(b: BatchShape) -> float:
+    """A toy step-time model: 10 ms, +20 ms for any prefill, +1 ms a decode, +0.1 ms a prefill token."""
+    return 10 + (20 if b.prefill_tokens else 0) + b.decode_seqs + 0.1 * b.prefill_tokens
+
+
+def filled(step_budget=None, solo_step=None, **kw):
+    kw.setdefault("num_blocks", 256)
+    return make(background_fill=BackgroundFill(cost, step_budget, solo_step), **kw)
+
+
+def decoding(sched, seqs):
+    for s in seqs:
+        sched.add(s)
+    for _ in range(100):
+        if not any(s.num_computed_tokens < s.num_prompt_tokens for s in seqs):
+            return
+        step(sched)
+    raise AssertionError("the background prefills never finished")
+
+
+def test_background_decodes_join_a_foreground_step_within_the_budget():
+    sched = filled(step_budget=2.0)
+    bg = [seq(4, f"b{i}", priority=1, max_tokens=50, start=20 * i) for i in range(5)]
+    decoding(sched, bg)
+    a = seq(8, "a", start=500, max_tokens=50)
+    sched.add(a)
+    out = step(sched)  # a's prefill (30.8 ms): the bg prefills' fixed cost is already paid, decodes cost 1 ms
+    assert ids(out)[0] == "a" and len(out) == 3
+    assert cost(batch_shape(out.seqs, out.num_new_tokens)) <= 30.8 + 2
+    out = step(sched)  # a decodes: 11 ms alone, two background decodes more
+    assert ids(out)[0] == "a" and len(out) == 3
+    assert all(s.status == SequenceStatus.RUNNING for s in bg)
+
+
+def test_a_background_prefill_stays_out_of_a_decode_step_and_is_cut_to_fit_beside_a_prefill():
+    sched = filled(step_budget=2.0, max_num_batched_tokens=256)
+    a = seq(8, "a", max_tokens=20)
+    sched.add(a)
+    step(sched)
+    b = seq(100, "b", priority=1, start=300)
+    sched.add(b)
+    assert ids(step(sched)) == ["a"]  # a prefill's fixed 20 ms would break a decode step's 2 ms
+    c = seq(40, "c", start=700)
+    sched.add(c)
+    out = step(sched)  # c's prefill is in the step: b's prefill may add 2 ms = 20 tokens
+    assert ids(out) == ["a", "c", "b"] and out.num_new_tokens[-1] == 20
+    assert b.status == SequenceStatus.RUNNING and b.num_computed_tokens == 20
+
+
+def test_without_a_step_budget_nothing_joins_and_the_solo_cap_keeps_background_steps_short():
+    sched = filled(solo_step=14.0)
+    bg = [seq(4, f"b{i}", priority=1, max_tokens=50, start=20 * i) for i in range(6)]
+    for s in bg:
+        sched.add(s)
+    out = step(sched)  # alone: one prefill at least, though it exceeds 14 ms; then no other fits
+    assert ids(out) == ["b0"] and ids(step(sched)) == ["b0"]
+    sched.background_fill = BackgroundFill(cost, None, None)  # uncapped: the rest prefill at once
+    assert len(step(sched)) == 6
+    sched.background_fill = BackgroundFill(cost, None, 14.0)
+    out = step(sched)  # decodes: 10 + 1 each, so 4 fit in 14 ms
+    assert len(out) == 4 and cost(batch_shape(out.seqs, out.num_new_tokens)) <= 14
+    sched.add(seq(8, "a", start=500))
+    assert ids(step(sched)) == ["a"]  # no step budget: background sits foreground steps out
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_with_bounds_all_finish_and_no_blocks_leak(policy):
+    sched = filled(step_budget=3.0, solo_step=20.0, policy=policy, num_blocks=24, max_num_seqs=4)
+    seqs = [seq(6 + i % 5, f"r{i}", priority=i % 3, start=13 * i, arrival=i) for i in range(30)]
+    for s in seqs:
+        sched.add(s)
+    for _ in range(3000):
+        if not sched.has_unfinished():
+            break
+        step(sched)
+    assert all(s.is_finished for s in seqs) and sched.num_foreground == 0
+    assert sched.bm.num_free_blocks == 24
+
+
+def test_the_bounds_need_a_background_priority_and_a_step_time_model():
+    with pytest.raises(ValueError, match="background priority"):
+        make(background_priority=None, background_fill=BackgroundFill(cost, 1.0, None))
+    with pytest.raises(ValueError, match="--background-priority"):
+        EngineArgs(background_step_budget=2.0)
+    with pytest.raises(ValueError, match="milliseconds"):
+        EngineArgs(background_priority=1, background_solo_step=-1.0)
+    with pytest.raises(ValueError, match="step-time model"):
+        background_fill(EngineArgs(background_priority=1, background_step_budget=2.0), object())
+    assert background_fill(EngineArgs(background_priority=1), object()) is None

@@ -13,7 +13,9 @@ request runs or waits, a step carries none of them; they keep their blocks and r
 step with no foreground work, and a foreground request short of a seat or of blocks preempts them
 first. Any batch token shares, and so lengthens, the steps of every request in it (a prefill chunk
 of any size adds ~20 ms to a 30 ms decode step of a 70B model), so priority only in the queue order
-and the preemption choice does not keep batch work off interactive latency.
+and the preemption choice does not keep batch work off interactive latency. With a step-time
+model, engine.core.background lets a bounded amount of it into those steps (and caps the steps of
+background work alone).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.core.background import BackgroundFill
 from engine.core.block_manager import BlockManager, cdiv
 from engine.core.sequence import Sequence, SequenceStatus
 
@@ -61,7 +64,8 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  eos_token_id: int | list[int] | None = None, policy: str = "fcfs",
-                 enable_chunked_prefill: bool = True, background_priority: int | None = None):
+                 enable_chunked_prefill: bool = True, background_priority: int | None = None,
+                 background_fill: BackgroundFill | None = None):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -85,6 +89,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.background_priority = background_priority
         self.num_foreground = 0  # unfinished requests that are not background
+        if background_fill is not None and background_priority is None:
+            raise ValueError("a background step budget needs a background priority (--background-priority)")
+        self.background_fill = background_fill
 
     def is_background(self, seq: Sequence) -> bool:
         return self.background_priority is not None and seq.priority >= self.background_priority
@@ -128,6 +135,12 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         yielding = self._yielding()
+        fill = self.background_fill
+        if fill is not None and not yielding and fill.solo_step_ms is not None:
+            budget = fill.fill(self, out, budget, now, yielding)  # background only: a short step
+            if out.seqs:
+                return out
+            budget = self.max_num_batched_tokens  # no room for any: as without the cap (may preempt)
         for seq in list(self.running):
             if budget == 0:
                 break
@@ -146,7 +159,9 @@ class Scheduler:
                 out.num_new_tokens.append(n)
                 budget -= n
         if not out.preempted:
-            self._admit_waiting(out, budget, now, yielding)
+            budget = self._admit_waiting(out, budget, now, yielding)
+            if fill is not None and yielding:
+                fill.fill(self, out, budget, now, yielding)
         return out
 
     def first_fit(self, budget: int, yielding: bool = False) -> tuple[int, list[int], list[int], int] | None:
@@ -162,7 +177,7 @@ class Scheduler:
                 return i, hit_blocks, hit_hashes, min(need, budget)
         return None
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, yielding: bool = False) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, yielding: bool = False) -> int:
         while self.waiting and budget > 0:
             full = len(self.running) >= self.max_num_seqs
             if full and not yielding:
@@ -186,6 +201,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
+        return budget
 
     def _preempt_background(self, out: SchedulerOutput) -> bool:
         """Frees the seat and blocks of a paused background request for a foreground one."""
