@@ -207,3 +207,18 @@ def tier_summary(pool) -> dict:
                           "cost_per_replica_hour": spec.cost_per_hour,
                           "stored_blocks": sum(r.bm.offload.stored_blocks for r in reps if r.bm.offload)}
     return out
+
+
+def tier_lines(summary: dict) -> list[str]:
+    """A terminal line for each pool with an offload tier: hit rates by tier, prompt tokens computed."""
+    lines = []
+    for name, p in summary["pools"].items():
+        t = p.get("kv_tiers") or {}
+        o = t.get("offload")
+        if o is None or t["hit_rate"] is None:
+            continue
+        lines.append(f"KV tiers ({name}): {t['hit_rate']:.1%} of prompt tokens looked up found (device "
+                     f"{t['device_hit_rate']:.1%}, offload tier {t['offload_hit_rate']:.1%}), "
+                     f"{t['prefill_tokens_computed']:,} computed; tier {o['capacity_gib']:.1f} GiB a "
+                     f"replica, {o['load_ms_per_block']:.3f} ms to load a block")
+    return lines

@@ -9,7 +9,7 @@ import numpy as np
 
 from autoscaler.slo import SloTarget
 from simulator.cost import fleet_cost, pool_cost
-from simulator.kvtier import tier_summary
+from simulator.kvtier import tier_lines, tier_summary
 from simulator.requests import OK, STATUS
 from simulator.steptime import PS
 from simulator.trigger_watch import unmatched_triggers
@@ -257,4 +257,4 @@ def summary_lines(s: dict) -> list[str]:
     lines.append(f"GPUs: {gpus}; {s['replica_hours']:.2f} replica-hours, {c['gpu_hours']:.2f} GPU-hours; "
                  f"{_money(c['per_million_output_tokens'], cur)} per million output tokens; "
                  f"scale events: {s['scale_events']}")
-    return lines
+    return lines + tier_lines(s)

@@ -10,7 +10,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 from simulator.fleet import Fleet
 from simulator.kvtier import GIB, TieredBlockManager
-from simulator.report import summarize
+from simulator.report import summarize, summary_lines
 from simulator.scenario import load_scenario
 from simulator.steptime import AffineStepModel
 from simulator.workload import Workload
@@ -125,6 +125,12 @@ def test_offload_tier_turns_recompute_into_loads_under_kv_pressure():
         assert t["prefill_tokens_computed"] == t["queried_tokens"] - t["device_hit_tokens"] - t[
             "offload_hit_tokens"]
     assert tier["offload"]["stored_blocks"] > 0
+    lines = summary_lines(summarize(_run(_scenario(kv_offload=off), wl)))
+    line = [x for x in lines if x.startswith("KV tiers")]
+    assert line == [f"KV tiers (p): {tier['hit_rate']:.1%} of prompt tokens looked up found (device "
+                    f"{tier['device_hit_rate']:.1%}, offload tier {tier['offload_hit_rate']:.1%}), "
+                    f"{tier['prefill_tokens_computed']:,} computed; tier 0.3 GiB a replica, 0.000 ms to load "
+                    "a block"]
 
 
 def test_offload_copies_are_paid_in_the_step():
