@@ -38,6 +38,23 @@ def _run(sc, wl, fast=True):
     return f
 
 
+@pytest.fixture
+def stretches(monkeypatch):
+    """The decode steps of each closed-form stretch a run planned (Replica._stretch; an arrival may
+    cut one short): proof that a fast run took the fast path rather than stepping throughout."""
+    from simulator.replica import Replica
+
+    steps: list[int] = []
+    orig = Replica._stretch
+
+    def counted(self, n, finishes):
+        steps.append(n)
+        return (yield from orig(self, n, finishes))
+
+    monkeypatch.setattr(Replica, "_stretch", counted)
+    return steps
+
+
 def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
     sc = _scenario()
     p, out = 2000, 10
@@ -109,12 +126,15 @@ def test_full_decode_pool_makes_prefilled_requests_wait():
 
 
 @pytest.mark.parametrize("caching", [False, True])
-def test_fast_path_equals_stepping_for_pd(caching):
+def test_fast_path_equals_stepping_for_pd(caching, stretches):
     sc = _scenario(prefill=2, decode=2, decode_blocks=900, threshold=512)
     for p in sc.pools:
         p.prefix_caching = caching
     wl = build_workload(sc, 3)
-    fast, slow = _run(sc, wl, True), _run(sc, wl, False)
+    fast = _run(sc, wl, True)
+    ff = sum(stretches)
+    slow = _run(sc, wl, False)
+    assert ff > 1000 and sum(stretches) == ff  # the fast run skipped steps; the reference stepped all
     for name in ("first_sched", "first_token", "finish", "cached", "generated", "preemptions", "status",
                  "replica"):
         np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name),
@@ -145,7 +165,7 @@ def test_derived_model_gives_kv_bytes_per_token():
     assert model_kv_bytes_per_token(STUB) is None
 
 
-def test_fast_path_equals_stepping_for_pd_with_shared_prefixes(shared_data):
+def test_fast_path_equals_stepping_for_pd_with_shared_prefixes(shared_data, stretches):
     """Mooncake's shared prefix blocks on both pools' caches, a decode pool small enough to preempt
     and to make prefilled requests wait: the hard case for the fast path (evictions, deferred
     reservations, re-admissions after preemption)."""
@@ -161,7 +181,10 @@ def test_fast_path_equals_stepping_for_pd_with_shared_prefixes(shared_data):
         "pd": {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 512,
                "link": {"bandwidth_gbs": 25, "latency_ms": 2}, "kv_bytes_per_token": KVB}})
     wl = build_workload(sc, 3)
-    fast, slow = _run(sc, wl, True), _run(sc, wl, False)
+    fast = _run(sc, wl, True)
+    ff = sum(stretches)
+    slow = _run(sc, wl, False)
+    assert ff > 1000 and sum(stretches) == ff
     for name in ("first_sched", "first_token", "finish", "cached", "generated", "preemptions", "status",
                  "replica"):
         np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name),
@@ -266,3 +289,22 @@ def test_decode_side_prefix_hit_shortens_the_transfer():
     assert t["transfer"][1] == pytest.approx(0.002 + (1500 - 1024) * KVB / 25e9, abs=1e-9)
     assert f.pd.transfer_bytes == (2000 + 1500 - 1024) * KVB
     assert f.requests.cached[1] == 1024  # the prefill side's own cache hit too
+
+
+def test_fast_path_equals_stepping_on_the_live_fidelity_scenario(shared_data, stretches):
+    """The scenario the slow live check (tests/e2e/test_pd_fidelity.py) simulates: the derived
+    Llama-3.1-70B H100 TP4 model, 1 prefill + 1 decode replica, Mooncake lengths, the same arrivals."""
+    from tests.e2e.test_pd_fidelity import DURATION, RATE, SEED, pd_live, simulate_pair
+
+    reqs = pd_live.workload(RATE, DURATION, SEED, 32000, 1024)
+    fast = simulate_pair(reqs, fast=True).fleet
+    ff = len(stretches)
+    slow = simulate_pair(reqs, fast=False).fleet
+    assert ff > 10 and len(stretches) == ff
+    for name in ("first_sched", "first_token", "finish", "cached", "generated", "preemptions", "status",
+                 "replica"):
+        np.testing.assert_array_equal(getattr(fast.requests, name), getattr(slow.requests, name),
+                                      err_msg=name)
+    for k in ("prefill_sched", "prefilled", "reserved", "transferred"):
+        np.testing.assert_array_equal(getattr(fast.pd, k), getattr(slow.pd, k), err_msg=k)
+    assert fast.pd.disaggregated.sum() > 10 and (fast.requests.status == 1).all()
