@@ -5,8 +5,10 @@ functions (Mooncake lengths, gamma arrivals CV 1.5, streamed, timed by the clien
 simulator's `pd:` service with the same latency model, engine settings, KV pool, threshold and link,
 on the same arrival times and lengths.
 
-1P + 1D leaves the router no choice of replica on either hop, so the comparison is of the P/D path
-itself (prefill queue and chunked prefill, the transfer, decode batching), not of two routers' picks.
+Two fleets: 1P + 1D leaves the router no choice of replica on either hop, so that comparison is of the
+P/D path itself (prefill queue and chunked prefill, the transfer, decode batching); 1P + 3D at
+bench/pd_live.py's rate (0.4 req/s) adds the router's pick among three decode replicas (live: its
+default weighted policy over scraped prefix, KV and queue scores; simulated: the same policy).
 The simulator adds no HTTP time (router latency_ms 0): the live fleet's few milliseconds of hops are
 inside the tolerance at these TTFTs (seconds) and show up, if anywhere, in TPOT.
 
@@ -40,14 +42,14 @@ SEQS, BATCHED, MODEL_LEN = 256, 8192, 65536
 KV_BLOCKS = EngineArgs(max_num_seqs=SEQS, max_num_batched_tokens=BATCHED).kv_blocks(MODEL_LEN)
 
 
-def _live(reqs, monkeypatch) -> dict[str, np.ndarray]:
+def _live(reqs, monkeypatch, n_p: int, n_d: int) -> dict[str, np.ndarray]:
     assert pd_live.ENGINE == ["--max-model-len", str(MODEL_LEN), "--max-num-seqs", str(SEQS),
                               "--max-num-batched-tokens", str(BATCHED)], "the bench's engine flags moved"
-    monkeypatch.setattr(pd_live, "CONFIGS", {"1P + 1D": (1, 1)})
+    monkeypatch.setattr(pd_live, "CONFIGS", {"pd": (n_p, n_d)})
     procs = []
     try:
         procs, routers, _ = pd_live.start(pd_live.MODEL, THRESHOLD)
-        res = asyncio.run(pd_live.drive(routers, reqs, DRAIN))["1P + 1D"]
+        res = asyncio.run(pd_live.drive(routers, reqs, DRAIN))["pd"]
     finally:
         for p in procs:
             p.stop()
@@ -58,21 +60,22 @@ def _live(reqs, monkeypatch) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": np.array([r.tpot for r in res]), "e2e": e2e}
 
 
-def simulate_pair(reqs, fast: bool = True):
-    """The simulator's 1P + 1D service on the live run's arrivals and lengths (tests/test_sim_pd.py
-    also checks this scenario's fast path against stepping)."""
+def simulate_pair(reqs, fast: bool = True, n_p: int = 1, n_d: int = 1):
+    """The simulator's nP + nD service on the live run's arrivals and lengths (tests/test_sim_pd.py
+    also checks the 1P + 1D scenario's fast path against stepping)."""
     from simulator.run import simulate
     from simulator.scenario import load_scenario
     from simulator.workload import Workload
 
-    pool = {"latency_model": pd_live.MODEL, "replicas": 1, "max_num_seqs": SEQS,
+    pool = {"latency_model": pd_live.MODEL, "max_num_seqs": SEQS,
             "max_num_batched_tokens": BATCHED, "max_model_len": MODEL_LEN, "kv_blocks": KV_BLOCKS,
             "prefix_caching": False}  # the live prompts are random ids: no prefix is ever shared
     sc = load_scenario({
         "seed": SEED,
         "workload": {"trace": {"format": "csv", "path": "unused.csv"}},
-        "pools": [{**pool, "name": "prefill"}, {**pool, "name": "decode"}],
-        "router": {"policy": "round_robin"},
+        "pools": [{**pool, "name": "prefill", "replicas": n_p}, {**pool, "name": "decode", "replicas": n_d}],
+        # `slopilot route`'s default: the weighted policy over prefix, KV and queue scorers
+        "router": {"policy": "weighted"},
         "pd": {"prefill_pool": "prefill", "decode_pool": "decode", "threshold": THRESHOLD,
                "link": {"bandwidth_gbs": 50, "latency_ms": 0.5}},  # the emulated "rdma" link class
     })
@@ -81,8 +84,8 @@ def simulate_pair(reqs, fast: bool = True):
     return simulate(sc, workload=wl, plots=False, fast=fast)
 
 
-def _simulated(reqs) -> tuple[dict[str, np.ndarray], dict]:
-    run = simulate_pair(reqs)
+def _simulated(reqs, n_p: int, n_d: int) -> tuple[dict[str, np.ndarray], dict]:
+    run = simulate_pair(reqs, n_p=n_p, n_d=n_d)
     f = run.fleet
     assert (f.requests.status == 1).all()
     ttft = (f.requests.first_token - f.arrival_ps) / 1e12
@@ -91,15 +94,17 @@ def _simulated(reqs) -> tuple[dict[str, np.ndarray], dict]:
             run.summary.get("pd") or {})
 
 
-def test_simulated_pd_pair_matches_the_live_one(monkeypatch):
-    reqs = pd_live.workload(RATE, DURATION, SEED, 32000, 1024)
+@pytest.mark.parametrize("n_p, n_d, rate", [(1, 1, RATE), (1, 3, 0.4)], ids=["1P+1D", "1P+3D"])
+def test_simulated_pd_fleet_matches_the_live_one(monkeypatch, n_p, n_d, rate):
+    reqs = pd_live.workload(rate, DURATION, SEED, 32000, 1024)
     load_start = os.getloadavg()
-    live = _live(reqs, monkeypatch)
+    live = _live(reqs, monkeypatch, n_p, n_d)
     load_end = os.getloadavg()
-    sim, pd = _simulated(reqs)
+    sim, pd = _simulated(reqs, n_p, n_d)
     prompts = np.array([q.prompt for q in reqs])
     assert pd["disaggregated"] == int((prompts > THRESHOLD).sum())  # the same P/D decisions
-    print(f"\n{len(reqs)} requests in {DURATION:g} s at {RATE} req/s, {pd['disaggregated']} disaggregated; "
+    print(f"\n{n_p}P + {n_d}D: {len(reqs)} requests in {DURATION:g} s at {rate} req/s, "
+          f"{pd['disaggregated']} disaggregated; "
           f"prompts mean {prompts.mean():.0f}, median {np.median(prompts):.0f} tokens; load average "
           f"{load_start[0]:.1f} at the start, {load_end[0]:.1f} / {load_end[1]:.1f} (1 / 5 min) at the end")
     errors = {}
