@@ -67,13 +67,30 @@ def test_precise_scorer_sends_a_prompt_back_to_the_engine_holding_it():
         prompt = list(range(3, 3 + 10 * BLOCK + 5))
         with start_router(urls, config) as router:
             index = router.state.gate.router.kv_index
+            # The engines' PUB sockets connect to the router's SUB once it binds, each at its next
+            # reconnect (ZMQ retries every 100 ms), and a PUB drops what it sends before it has the
+            # subscription: a batch published before that reaches nobody, and this router takes no
+            # replay address (docs/kv_events.md). So first, straight to each engine, a new 2-block
+            # prompt of its own (a repeat would be a cache hit: no event) until the router has heard
+            # every engine.
+            end, attempt = time.monotonic() + 30, 0
+            while time.monotonic() < end and not all(index.blocks(u) >= 2 for u in urls):
+                attempt += 1
+                for i, u in enumerate(urls):
+                    if index.blocks(u) < 2:
+                        r = httpx.post(u + "/v1/completions", timeout=60, trust_env=False, json={
+                            "model": "tiny", "prompt": [3 + (3 * attempt + i) % 250] * (2 * BLOCK + 1),
+                            "max_tokens": 1})
+                        assert r.status_code == 200, r.text
+                time.sleep(0.2)
+            assert all(index.blocks(u) >= 2 for u in urls), {u: index.blocks(u) for u in urls}
             post = lambda: httpx.post(router.url + "/v1/completions", timeout=60, trust_env=False,  # noqa: E731
                                       json={"model": "tiny", "prompt": prompt, "max_tokens": 1})
             assert post().status_code == 200
             end = time.monotonic() + 30  # the engine's events reach the router
-            while time.monotonic() < end and not any(index.blocks(u) >= 10 for u in urls):
+            while time.monotonic() < end and not any(index.blocks(u) >= 12 for u in urls):
                 time.sleep(0.1)
-            holder = [u for u in urls if index.blocks(u) >= 10]
+            holder = [u for u in urls if index.blocks(u) >= 12]
             assert len(holder) == 1, {u: index.blocks(u) for u in urls}
             h0, _ = cache_counters(urls)
             for _ in range(5):
