@@ -53,6 +53,20 @@ class Storage(Protocol):
     def window(self, matchers, mint: int, maxt: int) -> Matrix: ...
 
 
+def latest_index(ts: list[int], stale: list[int], t: int, lookback: int) -> int | None:
+    """Index of the newest sample at or before t within lookback, unless a staleness marker came
+    after it (then None, as Prometheus reads a series gone stale)."""
+    i = bisect.bisect_right(ts, t) - 1
+    if i < 0 or ts[i] < t - lookback:
+        return None
+    if stale:
+        j = bisect.bisect_right(stale, t) - 1
+        if j >= 0 and stale[j] > ts[i]:
+            return None
+    return i
+
+
+
 class Series:
     __slots__ = ("labels", "ts", "vs", "stale")
 
@@ -63,14 +77,8 @@ class Series:
         self.stale: list[int] = []  # times of staleness markers
 
     def latest(self, t: int, lookback: int) -> float | None:
-        i = bisect.bisect_right(self.ts, t) - 1
-        if i < 0 or self.ts[i] < t - lookback:
-            return None
-        if self.stale:
-            j = bisect.bisect_right(self.stale, t) - 1
-            if j >= 0 and self.stale[j] > self.ts[i]:
-                return None
-        return self.vs[i]
+        i = latest_index(self.ts, self.stale, t, lookback)
+        return None if i is None else self.vs[i]
 
     def latest_at(self, t: int, lookback: int) -> int | None:
         """The time of the sample latest() answers with, or None."""

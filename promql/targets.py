@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from promql.storage import Labels, Matrix, Vector, get, matches, name_of
+from promql.storage import Labels, Matrix, Vector, get, latest_index, matches, name_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +34,8 @@ class Target:
     stale: list[int] = field(default_factory=list)  # times of staleness markers
 
     def row_at(self, t: int, lookback: int) -> np.ndarray | None:
-        i = bisect.bisect_right(self.ts, t) - 1
-        if i < 0 or self.ts[i] < t - lookback:
-            return None
-        if self.stale:
-            j = bisect.bisect_right(self.stale, t) - 1
-            if j >= 0 and self.stale[j] > self.ts[i]:
-                return None
-        return self.rows[i]
+        i = latest_index(self.ts, self.stale, t, lookback)
+        return None if i is None else self.rows[i]
 
 
 class TargetStorage:
