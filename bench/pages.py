@@ -10,13 +10,16 @@ marks the table's place:
     .venv/bin/python bench/pages.py --write   # rewrite the tables from the JSON files
 
 A result file: {"command": the bench's command line, "date": "YYYY-MM-DD", "load": the load average
-beside the timings, "columns": [names], "rows": [[cells]], "notes": [lines, optional]}.
+beside the timings, "columns": [names], "rows": [[cells]], "notes": [lines, optional]}. A bench writes
+it with `write_result` (`from bench.pages import write_result`), never by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -25,6 +28,21 @@ PAGES = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 RESULTS = PAGES / "results"
 BLOCK = re.compile(r"<!-- results: (?P<file>[\w.-]+\.json) -->\n(?P<body>.*?)<!-- /results -->", re.S)
 KEYS = ("command", "date", "load", "columns", "rows")
+
+
+def write_result(path: str | Path, columns: list, rows: list, notes: list[str] | None = None) -> dict:
+    """Write a bench's results for its page: its own command line, today's date, the load average now
+    (taken at the end of the run, so the 1-minute figure covers the last of the timings)."""
+    script, root = Path(sys.argv[0]).resolve(), PAGES.parent.parent
+    name = str(script.relative_to(root)) if script.is_relative_to(root) else script.name
+    result = {"command": " ".join([name, *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
+              "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "columns": list(columns),
+              "rows": [list(r) for r in rows]}
+    if notes:
+        result["notes"] = list(notes)
+    render(result, str(path))  # a malformed result fails here, in the bench, not later in --check
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def _cell(value) -> str:

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("bench_pages", ROOT / "bench" / "pages.py")
 pages = importlib.util.module_from_spec(spec)
@@ -37,3 +39,15 @@ def test_the_check_catches_a_stale_table_and_a_bad_file(tmp_path):
     (results / "x.json").write_text(json.dumps({**RESULT, "rows": [["speed"]]}))
     assert pages.stale(tmp_path, results)[0].startswith("x.md: ") and "1 cells for 2 columns" in \
         pages.stale(tmp_path, results)[0]
+
+
+def test_write_result_records_command_date_and_load_and_refuses_a_bad_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(pages.sys, "argv", [str(ROOT / "bench" / "x.py"), "--json", "x.json"])
+    out = tmp_path / "x.json"
+    pages.write_result(out, ["measure", "value"], [("speed", 1.5)], notes=["a note"])
+    got = json.loads(out.read_text())
+    assert got["command"] == "bench/x.py --json x.json" and got["rows"] == [["speed", 1.5]]
+    assert len(got["load"].split(", ")) == 3 and got["date"][:2] == "20" and got["notes"] == ["a note"]
+    with pytest.raises(ValueError, match="1 cells for 2 columns"):
+        pages.write_result(tmp_path / "bad.json", ["a", "b"], [["only one"]])
+    assert not (tmp_path / "bad.json").exists()
