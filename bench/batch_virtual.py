@@ -4,7 +4,7 @@ block manager, the emulated runner on a VirtualClock), no HTTP and no machine no
 Interactive requests arrive as a Poisson process (distinct prompts, no shared prefix); batch lines
 are kept `batch_inflight` at a time at the engine (sent with priority 1, as the router's
 --batch-engine-priority 1 sends them) while the interactive load runs. Used by
-bench/batch_isolation.py (the engine's capacity) and tests/test_batch_isolation_virtual.py.
+bench/batch_isolation.py (the engine's capacity) and tests/engine/test_batch_isolation_virtual.py.
 
     .venv/bin/python bench/batch_virtual.py [--load 0.8] [--seconds 120]
     .venv/bin/python bench/batch_virtual.py --fill [--step-budget 3] [--solo-step 70]

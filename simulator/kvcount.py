@@ -3,7 +3,7 @@
 Without a prefix cache no block's identity is ever observed (nothing is shared, nothing is looked
 up), so the engine's BlockManager can be replaced by a count of free blocks: the scheduler makes
 exactly the same decisions (admission, chunking, preemption), at O(1) per request instead of O(blocks)
-for freeing. tests/test_sim_fastpath.py checks that a run with it gives the same per-request timings
+for freeing. tests/simulator/test_sim_fastpath.py checks that a run with it gives the same per-request timings
 as a step-by-step run on the engine's own BlockManager.
 """
 

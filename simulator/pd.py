@@ -21,7 +21,7 @@ any decode admission wait). Simplification, stated: failures are not modelled fo
 scenario refuses them). The fast path
 stays on: a decode replica first takes the blocks its stretch in progress has grown into
 (Replica.catch_up), so lookups and reservations see this instant's cache, and a reservation cuts the
-stretch at the step in progress, as an arrival does (tests/test_sim_pd.py proves per-request timings
+stretch at the step in progress, as an arrival does (tests/simulator/test_sim_pd.py proves per-request timings
 equal to the step-by-step run).
 """
 

@@ -86,7 +86,7 @@ print("paged attention library ready in %.1fs, partition %d" % (time.time() - t,
 # --- 4. kernels against the torch reference, on the GPU (fresh random inputs; float32, bf16, fp16)
 if [ "$HAVE_PYTEST" = 1 ]; then
     run_stage "kernel tests" 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-        tests/test_kernels_triton.py tests/test_kernels_cuda.py --junitxml="$OUT/kernel_tests.xml"
+        tests/engine/test_kernels_triton.py tests/engine/test_kernels_cuda.py --junitxml="$OUT/kernel_tests.xml"
 else
     echo "pytest missing: the bandwidth stage still checks both backends against the reference"
 fi

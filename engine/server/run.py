@@ -128,7 +128,8 @@ class DrainingServer(uvicorn.Server):
 
 def _server(app: FastAPI, host: str, port: int, drain_timeout: float, log_level: str) -> DrainingServer:
     # uvicorn stops accepting on shutdown and waits for in-flight responses; we end them at drain_timeout
-    # httptools and uvloop (C) rather than h11 and asyncio's loop (Python): under tests/test_server_load.py
+    # httptools and uvloop (C) rather than h11 and asyncio's loop (Python): under
+    # tests/engine/test_server_load.py
     # the event loop's thread needs 7-9 s of CPU instead of 18-22 s, the draining of refused bodies most
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
                             http=GuardedHttpTools, loop="uvloop",

@@ -61,7 +61,7 @@ def _live(reqs, monkeypatch, n_p: int, n_d: int) -> dict[str, np.ndarray]:
 
 
 def simulate_pair(reqs, fast: bool = True, n_p: int = 1, n_d: int = 1):
-    """The simulator's nP + nD service on the live run's arrivals and lengths (tests/test_sim_pd.py
+    """The simulator's nP + nD service on the live run's arrivals and lengths (tests/simulator/test_sim_pd.py
     also checks the 1P + 1D scenario's fast path against stepping)."""
     from simulator.run import simulate
     from simulator.scenario import load_scenario

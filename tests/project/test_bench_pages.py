@@ -1,0 +1,53 @@
+"""docs/benchmarks/: every page's results table is what its bench's --json output gives (bench/pages.py
+--check), and the check itself catches a stale table and a broken result file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_pages", ROOT / "bench" / "pages.py")
+pages = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pages)
+
+RESULT = {"command": "bench/x.py --json x.json", "date": "2026-12-04", "load": "1.0, 1.0, 1.0",
+          "columns": ["measure", "value"], "rows": [["speed", 1.5]]}
+
+
+def test_every_benchmark_page_table_is_current():
+    assert pages.stale() == []
+    index = (ROOT / "docs" / "benchmarks.md").read_text()
+    missing = [p.name for p in pages.PAGES.glob("*.md") if f"benchmarks/{p.name}" not in index]
+    assert not missing, f"docs/benchmarks.md does not link {missing}"
+
+
+def test_the_check_catches_a_stale_table_and_a_bad_file(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "x.json").write_text(json.dumps(RESULT))
+    page = tmp_path / "x.md"
+    page.write_text("# x\n\n<!-- results: x.json -->\nold table\n<!-- /results -->\n\n## History\n")
+    assert pages.stale(tmp_path, results) == ["x.md: its results table is stale (run bench/pages.py --write)"]
+    text, problems = pages.rendered(page, results)
+    assert problems == [] and "| speed | 1.5 |" in text and "Measured 2026-12-04" in text
+    page.write_text(text)
+    assert pages.stale(tmp_path, results) == []
+    (results / "x.json").write_text(json.dumps({**RESULT, "rows": [["speed"]]}))
+    assert pages.stale(tmp_path, results)[0].startswith("x.md: ") and "1 cells for 2 columns" in \
+        pages.stale(tmp_path, results)[0]
+
+
+def test_write_result_records_command_date_and_load_and_refuses_a_bad_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(pages.sys, "argv", [str(ROOT / "bench" / "x.py"), "--json", "x.json"])
+    out = tmp_path / "x.json"
+    pages.write_result(out, ["measure", "value"], [("speed", 1.5)], notes=["a note"])
+    got = json.loads(out.read_text())
+    assert got["command"] == "bench/x.py --json x.json" and got["rows"] == [["speed", 1.5]]
+    assert len(got["load"].split(", ")) == 3 and got["date"][:2] == "20" and got["notes"] == ["a note"]
+    with pytest.raises(ValueError, match="1 cells for 2 columns"):
+        pages.write_result(tmp_path / "bad.json", ["a", "b"], [["only one"]])
+    assert not (tmp_path / "bad.json").exists()
