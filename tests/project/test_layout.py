@@ -11,12 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 # a package's unit tests; then multi-process runs (e2e), the Kubernetes tests, repository-wide checks
-PACKAGE_FOLDERS = ("autoscaler", "controlplane", "engine", "promql", "routing", "simulator")
+PACKAGE_FOLDERS = ("autoscaler", "controlplane", "engine", "promql", "routing", "simulator", "slopilot")
 FOLDERS = {*PACKAGE_FOLDERS, "e2e", "kube", "project", "data"}
 
 
 def folder_for(path: Path) -> str:
-    """The package a test file imports most (ties go to the first import), else `project`."""
+    """The package a test file imports most (ties go to the first import), else `project`. Most tests
+    drive the CLI (`slopilot.cli.main`), so `slopilot` counts only when nothing else is imported."""
     counts: Counter[str] = Counter()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -25,7 +26,8 @@ def folder_for(path: Path) -> str:
             top = name.split(".")[0]
             if top in PACKAGE_FOLDERS:
                 counts[top] += 1
-    return counts.most_common(1)[0][0] if counts else "project"
+    cli = counts.pop("slopilot", 0)
+    return counts.most_common(1)[0][0] if counts else "slopilot" if cli else "project"
 
 
 def flat_test_files(tests: Path) -> list[str]:
@@ -43,11 +45,14 @@ def test_a_flat_file_is_named_with_the_folder_its_imports_point_to(tmp_path):
                                           "from simulator.run import simulate\n"
                                           "from simulator.scenario import load_scenario\n")
     (tmp_path / "test_docs.py").write_text("import json\n")
+    (tmp_path / "test_pipe.py").write_text("from slopilot.cli import main\n")
     (tmp_path / "helpers.py").write_text("from engine import LLM\n")
     assert flat_test_files(tmp_path) == [
         "test_docs.py sits flat in tests/: move it to tests/project/ (git mv; the folder of the package it "
         "mainly tests, see tests/README.md)",
         "test_new.py sits flat in tests/: move it to tests/simulator/ (git mv; the folder of the package it "
+        "mainly tests, see tests/README.md)",
+        "test_pipe.py sits flat in tests/: move it to tests/slopilot/ (git mv; the folder of the package it "
         "mainly tests, see tests/README.md)"]
 
 
