@@ -9,6 +9,8 @@ weight (llm-d's gpu 1.0, cpu 0.8). The request's hashes must be over the engines
 
 from __future__ import annotations
 
+from autoscaler.yamlfile import Document
+from routing.kv_index import DEFAULT_MEDIUM_WEIGHTS
 from routing.scorers import register_scorer
 
 NAME = "precise_prefix"
@@ -32,6 +34,27 @@ def uses_index(weights: dict[str, float]) -> bool:
 
 
 register_scorer(NAME, PLUGIN_TYPE, precise_prefix, uses_prefix=True)
+
+
+DEFAULT_ZMQ_ENDPOINT = "tcp://*:5557"  # llm-d's default for its KV events indexer
+OWN_PARAMS = ("zmqEndpoint", "mediumWeights")
+
+
+def precise_params(doc: Document, where: tuple, params: dict, cfg) -> dict:
+    """Reads the scorer's own parameters into cfg; returns the rest (the prefix scorer's)."""
+    ep = params.get("zmqEndpoint", DEFAULT_ZMQ_ENDPOINT)
+    if not isinstance(ep, str) or not ep.startswith(("tcp://", "ipc://", "inproc://")):
+        raise doc.error((*where, "zmqEndpoint"), f"must be a ZMQ address such as tcp://*:5557, got {ep!r}")
+    weights = params.get("mediumWeights", DEFAULT_MEDIUM_WEIGHTS)
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+            for k, v in weights.items()):
+        raise doc.error((*where, "mediumWeights"),
+                        "must map medium names (GPU, CPU, ...) to weights in [0, 1]")
+    cfg.kv_events_endpoint, cfg.kv_medium_weights = ep, {k: float(v) for k, v in weights.items()}
+    rest = {k: v for k, v in params.items() if k not in OWN_PARAMS}
+    rest.setdefault("blockSize", 16)  # the engines' (ours and vLLM's GPU default), not 64-byte text blocks
+    return rest
 
 
 class IndexFeed:

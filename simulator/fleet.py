@@ -15,9 +15,9 @@ import numpy as np
 import simpy
 
 from engine.core.scheduler import RequestRejected
+from routing.config import build_router
 from routing.kv_index import KVBlockIndex
 from routing.precise import IndexFeed, uses_index
-from routing.router import Router
 from simulator.autoscaling import PoolPolicy, autoscaler_process, make_pool_policy
 from simulator.failures import failure_process
 from simulator.frontend import draw_ms
@@ -85,21 +85,16 @@ class Fleet:
         ss = np.random.SeedSequence(self.seed)
         self.rng_startup, self.rng_fail, router_seed = (np.random.default_rng(s) for s in ss.spawn(3))
         r = scenario.router
-        self.router = Router(
-            r["policy"],
-            r["weights"],
-            int(router_seed.integers(2**31)),
-            r["prefix_lru_blocks"],
-            kv_threshold=r["kv_threshold"],
-            queue_threshold=r["queue_threshold"],
-            # the precise scorer looks up the replicas' own cache keys: hashes over their block size
-            block_tokens=scenario.pools[0].block_size if uses_index(r["weights"]) else 64,
-        )
-        if uses_index(r["weights"]):  # fed by the replicas' block managers (_new_replica)
+        precise = uses_index(r.config.weights)
+        # the live router's (routing.config); the precise scorer looks up the replicas' own cache keys:
+        # hashes over their block size
+        self.router = build_router(r.config, int(router_seed.integers(2**31)),
+                                   scenario.pools[0].block_size if precise else None)
+        if precise:  # fed by the replicas' block managers (_new_replica)
             self.router.kv_index = KVBlockIndex(scenario.pools[0].block_size)
-        fc = r.get("flow_control")  # the gateway queue, when the router has one
-        # its rng after the three above: they keep theirs
-        self.gate = SimGate(self, fc, np.random.default_rng(ss.spawn(1)[0]), len(workload)) if fc else None
+        # the gateway queue, when the router has one; its rng after the three above: they keep theirs
+        self.gate = SimGate(self, r, np.random.default_rng(ss.spawn(1)[0]), len(workload)) \
+            if r.config.flow_control else None
         self.frontend_rng = np.random.default_rng(ss.spawn(1)[0])  # spawned last: the others keep theirs
         self.store = MetricStore(retention=max(4 * scenario.rate_window, 600.0))
         models = models or {}
@@ -223,7 +218,7 @@ class Fleet:
 
     def _arrivals(self):
         env = self.env
-        hop = to_ps(self.sc.router.get("latency_ms", 0.0) / 1000)  # the same for all: order is kept
+        hop = to_ps(self.sc.router.latency_ms / 1000)  # the same for all: order is kept
         for i in range(len(self.wl)):
             t = int(self.arrival_ps[i])
             if t >= self.end_ps and self.sc.duration is not None:

@@ -1,7 +1,7 @@
 """The simulated gateway queue: the live gate's admission (controlplane.router.gate) in virtual time,
 over the same flow control (routing.flow: bands, saturation detector, `pump`).
 
-    gate = SimGate(fleet, flow_control, rng, n_requests)
+    gate = SimGate(fleet, router, rng, n_requests)   # router: the scenario's (SimRouter)
     gate.hold(seq)     # its band drawn by the shares; full band: refused (a 429 at the router)
     gate.pump()        # dispatch to replicas with room; past a band's TTL: expired (a 503)
 
@@ -15,18 +15,19 @@ import numpy as np
 
 from routing.flow import GatewayQueue, pump
 from simulator.requests import SimSequence
+from simulator.scenario_router import SimRouter
 from simulator.steptime import seconds, to_ps
 
 
 class SimGate:
-    def __init__(self, fleet, flow_control: dict, rng: np.random.Generator, n_requests: int):
+    def __init__(self, fleet, router: SimRouter, rng: np.random.Generator, n_requests: int):
         self.fleet = fleet
-        self.queue = GatewayQueue(flow_control["bands"])
-        self.detector = flow_control["detector"]
-        self.interval_ps = to_ps(flow_control["interval"])
+        self.queue = GatewayQueue(router.config.bands)
+        self.detector = router.config.detector()
+        self.interval_ps = to_ps(router.interval)
         self.rng = rng
-        self.cdf = np.cumsum(flow_control["shares"]) / sum(flow_control["shares"])
-        self.bands = flow_control["bands"]  # in the scenario's order, as the shares
+        self.cdf = np.cumsum(router.shares) / sum(router.shares)
+        self.bands = router.config.bands  # in the scenario's order, as the shares
         self.refused = self.expired = 0
         self.band = np.full(n_requests, -1, dtype=np.int64)  # each request's band priority
 

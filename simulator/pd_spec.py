@@ -68,7 +68,7 @@ def model_kv_bytes_per_token(model) -> float | None:
     return float(per_gpu) * int(model.tp or 1) if per_gpu else None
 
 
-def pd_config(doc: Document, pools: list, top: Document) -> PDSpec:
+def pd_config(doc: Document, pools: list) -> PDSpec:
     """The checked `pd` section (already schema-validated): pool names resolved, KV bytes found."""
     from simulator.latency import load_latency_model
     from simulator.latency.loader import is_derived
@@ -85,8 +85,6 @@ def pd_config(doc: Document, pools: list, top: Document) -> PDSpec:
     for key in idx.values():
         if pools[key].failure is not None:
             raise doc.error((), f"pool {pools[key].name!r}: failure injection is not modelled for P/D pools")
-    if "flow_control" in (top.data.get("router") or {}):
-        raise doc.error((), "router.flow_control is not modelled with a P/D service")
     kv = d.get("kv_bytes_per_token")
     if kv is None:
         for key in ("prefill_pool", "decode_pool"):  # the same model on both sides: either knows

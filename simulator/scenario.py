@@ -21,7 +21,7 @@ from simulator.pd_spec import PDSpec, pd_config
 from simulator.scenario_autoscaler import recording_rules
 from simulator.scenario_limits import MAX_DURATION, check_limits
 from simulator.scenario_pool import FailureSpec, PoolSpec, given, pool_spec
-from simulator.scenario_router import ROUTER_DEFAULTS, router_config
+from simulator.scenario_router import ROUTER_DEFAULTS, SimRouter, router_config
 from simulator.scenario_schema import ROUTERS, SCENARIO, SLO_NAMES
 from simulator.scenario_workload import workload_config
 
@@ -34,7 +34,7 @@ class Scenario:
     workload: dict
     pools: list[PoolSpec]
     duration: float | None
-    router: dict
+    router: SimRouter
     slos: list[SloTarget]
     seed: int = 0
     warmup: float = 0.0  # SLO statistics count requests arriving from this time on
@@ -94,7 +94,7 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         workload=workload,
         pools=pools,
         duration=float(d["duration"]) if "duration" in d else None,
-        router=router_config(d.get("router", {})),
+        router=router_config(doc.at("router") if "router" in d else None, base, pools[0].block_size),
         slos=[SloTarget.from_yaml(metric, v) for metric, v in d.get("slo", {}).items()],
         base_dir=base,
         name=str(d.get("name", name)),
@@ -105,8 +105,10 @@ def load_scenario(source: str | Path | dict | Document, base_dir: Path | None = 
         rules=recording_rules(doc.at("metrics"), base) if "metrics" in d else [],
         **given(sections["output"], {"timeline_interval": ("timeline_interval", float)}),
         **given(sections["drain"], {"enabled": ("drain_after_end", bool), "max": ("max_drain", float)}),
-        pd=pd_config(doc.at("pd"), pools, doc) if "pd" in d else None,
+        pd=pd_config(doc.at("pd"), pools) if "pd" in d else None,
     )
+    if sc.pd is not None and sc.router.config.flow_control:
+        raise doc.error(("router",), "flow control is not modelled with a P/D service")
     if sc.warmup and sc.duration is not None and sc.warmup >= sc.duration:
         raise doc.error(("warmup",), f"must be below the duration ({sc.duration:g} s), got {sc.warmup:g}")
     span = (sc.duration or 0.0) + (sc.max_drain if sc.drain_after_end else 0.0)

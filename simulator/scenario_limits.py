@@ -115,8 +115,8 @@ def check_limits(doc: Document, workload: dict, duration: float | None, horizon:
         if interval is not None:
             where = ("pools", i, "autoscaler") if "autoscaler" in doc.data["pools"][i] else ("autoscaler",)
             periodic.append((where, interval, "autoscaler polls"))
-    if router and "flow_control" in router:
-        periodic.append((("router", "flow_control", "interval"), router["flow_control"]["interval"],
+    if router is not None and router.config.flow_control:
+        periodic.append((("router", "flow_control", "interval"), router.interval,
                          "gateway dispatch rounds"))
     for path, interval, what in periodic:
         ticks = horizon / interval

@@ -26,7 +26,6 @@ from autoscaler.schema_parts import (
 from autoscaler.slo import SLO_TARGET
 from autoscaler.yamlfile import Document, dotted
 from routing.pickers import POLICY_NAMES
-from routing.scorers import WEIGHTS_SCHEMA
 from simulator.dists import Dist, parse_dist
 from simulator.kvtier import OFFLOAD_SCHEMA
 from simulator.latency.loader import LATENCY_MODEL_SCHEMA
@@ -36,7 +35,6 @@ from simulator.scenario_limits import (
     MAX_CV,
     MAX_DURATION,
     MAX_KV_BLOCKS,
-    MAX_LRU_BLOCKS,
     MAX_NUM_SEQS,
     MAX_RATE,
     MAX_RATE_SCALE,
@@ -49,6 +47,7 @@ from simulator.scenario_limits import (
     MIN_MTBF,
     MIN_SCRAPE_INTERVAL,
 )
+from simulator.scenario_router import ROUTER
 
 ROUTERS = POLICY_NAMES  # the registered pickers (routing.pickers), in registration order
 SLO_NAMES = ("ttft", "tpot", "itl", "e2e")
@@ -209,32 +208,6 @@ SLO = {
         "x-message": "must be seconds or a mapping {percentile, seconds}",
     },
 }
-
-ROUTER = mapping(
-    {
-        # the registered pickers and scorers: these two schema parts are the registries' own objects,
-        # so a picker or scorer registered later is accepted too
-        "policy": {"enum": POLICY_NAMES},
-        "weights": WEIGHTS_SCHEMA,
-        "prefix_lru_blocks": at_most(COUNT1, MAX_LRU_BLOCKS),
-        "kv_threshold": POS,
-        "queue_threshold": COUNT0,
-        "latency_ms": NONNEG,
-        # a gateway queue in front of the replicas (routing.flow): requests wait there while every
-        # replica is saturated, highest band first; `share` is the fraction of requests in a band,
-        # `saturation` the utilization under which a replica takes the band's requests (1: the thresholds)
-        "flow_control": mapping({
-            "queue_threshold": COUNT1,
-            "kv_threshold": FRACTION,
-            "interval": at_least(SECONDS, MIN_INTERVAL),
-            "bands": {"type": "array", "minItems": 1, "items": mapping(
-                {"priority": {"type": "integer"}, "name": STR, "capacity": at_most(COUNT1, MAX_REQUESTS),
-                 "ttl": SECONDS,
-                 "share": {"type": "number", "minimum": 0, "maximum": 1},
-                 "saturation": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("priority",))},
-        }),
-    }
-)
 
 SCENARIO = mapping(
     {

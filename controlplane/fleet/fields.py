@@ -12,8 +12,8 @@ from pathlib import Path
 from autoscaler.spec import Spec, load_spec
 from autoscaler.yamlfile import Document, parse
 from controlplane.loadgen import LoadSpec
-from controlplane.router.config import RouterConfig, load_router_config
 from controlplane.specs import read_text
+from routing.config import RouterConfig, load_router_config
 from simulator.scenario_limits import MAX_REPLICAS
 from simulator.scenario_schema import resolve
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoscaler.yamlfile import Document
 from controlplane.fleet.fields import RESERVED, FleetConfig, PDFleet, autoscaler_of, check_engine_keys, sizing
-from controlplane.router.config import load_router_config
+from routing.config import load_router_config
 
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 PER_POOL = ("replicas", "min_replicas", "max_replicas", "autoscaler")  # not at the top level beside pd

@@ -26,7 +26,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.batch.service import BatchService, is_batch_path
 from controlplane.router.answer import UpstreamError
-from controlplane.router.config import RouterConfig
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.http import MAX_BODY_BYTES, Connection, Request
 from controlplane.router.metrics import RouterMetrics
@@ -36,6 +35,7 @@ from controlplane.router.precise import KVEventsCollector, kv_feed
 from controlplane.router.prompt import PromptReader, load_tokenizer, request_prompt
 from controlplane.router.proxy import error_body, forward, forward_headers
 from controlplane.router.upstream import Upstream
+from routing.config import RouterConfig
 
 log = logging.getLogger("slopilot.router")
 

@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import Endpoint
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
+from routing.config import RouterConfig, build_router
 from routing.flow import GatewayQueue, Held, SaturationDetector, pump
-from routing.router import Router
 
 UNGATED = SaturationDetector(queue_threshold=2**31 - 1, kv_threshold=1.0)
 
@@ -50,12 +49,9 @@ class Gate:
     def __init__(self, cfg: RouterConfig, pool: Pool, metrics: RouterMetrics,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg, self.pool, self.metrics, self.clock = cfg, pool, metrics, clock
-        self.router = Router(cfg.policy, cfg.weights, cfg.seed, cfg.lru_blocks, cfg.prefix_block(),
-                             kv_threshold=cfg.kv_threshold, queue_threshold=cfg.queue_threshold,
-                             ties="random")
+        self.router = build_router(cfg)
         self.queue = GatewayQueue(cfg.bands)
-        self.detector = SaturationDetector(cfg.queue_threshold, cfg.kv_threshold) if cfg.flow_control \
-            else UNGATED
+        self.detector = cfg.detector() if cfg.flow_control else UNGATED
         pool.on_change = self.refreshed
         self._sizes_set: dict[str, int] = {}  # the queue-size gauges' values (set only when they change)
         for b in self.queue.bands:

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Histogram
 
 from controlplane.router.answer import UpstreamError
-from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import Endpoint
 from controlplane.router.gate import Gate, Pending, Refused
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
 from controlplane.router.upstream import Upstream
-from routing.router import Router
+from routing.config import RouterConfig, build_router
 
 MAX_ANSWER = 1 << 20  # a 1-token answer is small
 
@@ -66,9 +65,7 @@ class PrefillHop:
         registry = metrics.registry
         self.pool = Pool(cfg, settings.discover(), metrics, name=f"{metrics.pool}-prefill")
         # the decode picker's policy and scorers, with an index of its own (endpoint ids are per pool)
-        self.router = Router(cfg.policy, cfg.weights, cfg.seed, cfg.lru_blocks, cfg.prefix_block(),
-                             kv_threshold=cfg.kv_threshold, queue_threshold=cfg.queue_threshold,
-                             ties="random")
+        self.router = build_router(cfg)
         self.decisions = Counter("slopilot_router_pd_decisions", "P/D profile decisions (disaggregated: a "
                                  "prefill hop first; aggregated: the decode endpoint does it all)",
                                  ["decision"], registry=registry)

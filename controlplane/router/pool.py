@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 
 from controlplane.router.answer import UpstreamError
-from controlplane.router.config import RouterConfig
 from controlplane.router.endpoints import METRICS_QUERY, Endpoint, read_gauges
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.upstream import Upstream
+from routing.config import RouterConfig
 from routing.scorers import routable
 
 log = logging.getLogger("slopilot.router")

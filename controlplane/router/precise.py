@@ -1,4 +1,5 @@
-"""The live router's precise prefix scorer: its EndpointPickerConfig parameters and its KV event feed.
+"""The live router's precise prefix scorer: its KV event feed (its EndpointPickerConfig parameters are
+read by routing.precise.precise_params).
 
     - type: precise-prefix-cache-scorer
       parameters: {blockSize: 16, tokenizer: byte, zmqEndpoint: "tcp://127.0.0.1:5557",
@@ -15,30 +16,9 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from autoscaler.yamlfile import Document
-from routing.kv_index import DEFAULT_MEDIUM_WEIGHTS, KVBlockIndex
+from routing.kv_index import KVBlockIndex
 from routing.kv_subscriber import KVEventSubscriber, llmd_topic_key
-from routing.precise import uses_index
-
-DEFAULT_ZMQ_ENDPOINT = "tcp://*:5557"  # llm-d's default for its KV events indexer
-OWN_PARAMS = ("zmqEndpoint", "mediumWeights")
-
-
-def precise_params(doc: Document, where: tuple, params: dict, cfg) -> dict:
-    """Reads the scorer's own parameters into cfg; returns the rest (the prefix scorer's)."""
-    ep = params.get("zmqEndpoint", DEFAULT_ZMQ_ENDPOINT)
-    if not isinstance(ep, str) or not ep.startswith(("tcp://", "ipc://", "inproc://")):
-        raise doc.error((*where, "zmqEndpoint"), f"must be a ZMQ address such as tcp://*:5557, got {ep!r}")
-    weights = params.get("mediumWeights", DEFAULT_MEDIUM_WEIGHTS)
-    if not isinstance(weights, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-            for k, v in weights.items()):
-        raise doc.error((*where, "mediumWeights"),
-                        "must map medium names (GPU, CPU, ...) to weights in [0, 1]")
-    cfg.kv_events_endpoint, cfg.kv_medium_weights = ep, {k: float(v) for k, v in weights.items()}
-    rest = {k: v for k, v in params.items() if k not in OWN_PARAMS}
-    rest.setdefault("blockSize", 16)  # the engines' (ours and vLLM's GPU default), not 64-byte text blocks
-    return rest
+from routing.precise import DEFAULT_ZMQ_ENDPOINT, uses_index
 
 
 def endpoint_key(topic: str) -> str:

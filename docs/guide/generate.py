@@ -92,7 +92,11 @@ SCENARIO_MEANINGS = {
     "autoscaler": "the autoscaler of every pool that has none of its own",
     "autoscaler.spec": "a KEDA ScaledObject or InferenceAutoscaler: a file path or the spec inline",
     "autoscaler.latency_model": "the model an sloModel policy plans with (default: the pool's)",
-    "router": "how requests are spread over replicas",
+    "router": ("how requests are spread over replicas: the fields below, or an EndpointPickerConfig as "
+               "`slopilot route --config` reads it (its file's path, or the mapping inline: "
+               "[the router config](../inputs.md#the-router-config-one-file-for-simulation-and-live))"),
+    "router.config": ("an EndpointPickerConfig (its file's path, or inline) in place of the fields above but "
+                      "latency_ms and flow_control.interval"),
     "router.latency_ms": "network and gateway time added to every request",
     "router.flow_control.bands[].share": "fraction of the generated requests in this band",
     "router.flow_control.bands[].saturation": ("the band's requests go only to replicas under this fraction "

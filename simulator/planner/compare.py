@@ -33,6 +33,7 @@ from simulator.planner.stages import static_task
 from simulator.planner.sweep import Job, drive
 from simulator.planner.traffic import trace_peak
 from simulator.scenario import load_scenario
+from simulator.scenario_router import resolved_router
 from simulator.scenario_schema import resolve
 
 # a pool's fields that the sizing runs set themselves
@@ -125,8 +126,8 @@ def sizing_plan(sc, raw: dict, seed: int, capacity_duration: float) -> tuple[Pla
     gpus = max(int((spec.kv_memory or {}).get("num_gpus", 1)), load_latency_model(pool["latency_model"]).tp)
     dep = Deployment(spec.name, pool, gpus, spec.cost_per_hour / gpus)
     plan = Plan(sc.name, [seed], sc.duration or 0.0, 1.0, resolved_workload(raw["workload"], sc.base_dir),
-                raw.get("slo", {}), 0.0, raw.get("router", {}), sc.currency, [Candidate(dep, {})], [],
-                "all", search_settings({"duration": capacity_duration}))
+                raw.get("slo", {}), 0.0, resolved_router(raw.get("router", {}), sc.base_dir), sc.currency,
+                [Candidate(dep, {})], [], "all", search_settings({"duration": capacity_duration}))
     return plan, plan.candidates[0]
 
 

@@ -19,6 +19,7 @@ from simulator.latency import is_model_path, load_latency_model, model_ref
 from simulator.planner.schema import PLAN, POOL_KEYS
 from simulator.planner.traffic import scaled_workload
 from simulator.scenario import load_scenario
+from simulator.scenario_router import resolved_router
 from simulator.scenario_schema import dist_at, resolve
 from simulator.scenario_workload import workload_config
 
@@ -126,7 +127,7 @@ def load_plan(source: str | Path | dict) -> Plan:
                                  compress),
         slo=d["slo"],
         startup_delay=d.get("startup_delay", 0.0),
-        router=d.get("router", ROUTER_DEFAULT),
+        router=resolved_router(d.get("router", ROUTER_DEFAULT), base),
         currency=str(d.get("currency", "USD")),
         candidates=[Candidate(dep, e) for dep in deployments for e in grid],
         policies=policies,

@@ -7,7 +7,7 @@
 OpenAI /v1/completions and /v1/chat/completions (streams passed through), /v1/models, /health,
 /metrics (llm-d's router metric names), and OpenAI's Batch API (/v1/files, /v1/batches) kept in SQLite
 under --state-dir, its lines sent through the lowest-priority band of the gateway queue.
-See controlplane/router/config.py for ROUTER.yaml.
+See routing/config.py for ROUTER.yaml.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     from controlplane.router import discovery
     from controlplane.router.app import build_router_app
-    from controlplane.router.config import load_router_config
     from controlplane.router.httpserver import HttpServer
     from controlplane.router.limits import ServerLimits
+    from routing.config import load_router_config
 
     sources = [bool(args.endpoint), bool(args.targets), bool(args.k8s_service)]
     if sum(sources) != 1:

@@ -12,8 +12,8 @@ import pytest
 
 from controlplane import specs
 from controlplane.fleet.config import load_fleet_config
-from controlplane.router.config import load_router_config
 from controlplane.telemetry import Telemetry
+from routing.config import load_router_config
 from slopilot.commands import control
 
 

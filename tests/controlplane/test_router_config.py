@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.router.config import RouterConfig, load_router_config, seconds
 from controlplane.router.endpoints import Endpoint, read_gauges
 from controlplane.router.prompt import ByteTokenizer, PromptReader, chat_text, request_prompt
+from routing.config import RouterConfig, load_router_config
+from routing.config_schema import seconds
 from routing.prefix import prefix_hashes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig
 from controlplane.router.discovery import static
 from controlplane.router.pd import PDSettings
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig
 from tests.engine.test_kv_transfer_server import model_dir, server  # noqa: F401 - the shared fixture
 from tests.server_helpers import CMPL, assert_error, free_port, metric, wait_for
 

@@ -10,10 +10,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig
 from controlplane.router.discovery import static
 from controlplane.router.pd import PDSettings
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig
 from tests.fake_engine import FakeEngine
 from tests.server_helpers import CMPL, metric, wait_for
 

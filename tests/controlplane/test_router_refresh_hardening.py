@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig
 from controlplane.router.discovery import static
 from controlplane.router.endpoints import read_gauges
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig
 from tests.fake_engine import FakeEngine
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}

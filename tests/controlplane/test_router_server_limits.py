@@ -205,9 +205,9 @@ def test_trailers_and_expect_are_not_forwarded(server):
 
 def test_at_the_cap_the_router_keeps_scraping_its_engines():
     from controlplane.router.app import build_router_app
-    from controlplane.router.config import RouterConfig
     from controlplane.router.discovery import static
     from controlplane.router.server import RouterServer
+    from routing.config import RouterConfig
     from tests.fake_engine import FakeEngine
 
     engines = [FakeEngine(chunk_delay=0.001).start() for _ in range(2)]

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig, load_router_config
 from controlplane.router.discovery import static
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig, load_router_config
 from tests.fake_engine import FakeEngine
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}

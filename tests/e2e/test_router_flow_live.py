@@ -19,11 +19,11 @@ from autoscaler.spec import load_spec, make_policy
 from controlplane.controller import AutoscalerLoop, Controller
 from controlplane.fleet import LocalFleet, load_fleet_config
 from controlplane.router.app import build_router_app
-from controlplane.router.config import load_router_config
 from controlplane.router.discovery import static
 from controlplane.router.endpoints import read_gauges
 from controlplane.router.server import RouterServer
 from controlplane.sources import ScrapeSource
+from routing.config import load_router_config
 
 MODEL = "h100-llama2-70b-tp4"
 THRESHOLD = 2  # waiting requests per engine at which the gateway holds requests

@@ -17,9 +17,9 @@ import pytest
 
 from controlplane.prometheus_server import free_port
 from controlplane.router.app import build_router_app
-from controlplane.router.config import load_router_config
 from controlplane.router.discovery import static
 from controlplane.router.server import RouterServer
+from routing.config import load_router_config
 from tests.e2e.conftest import ROOT, EmulatedServer, wait_for, wait_healthy
 
 

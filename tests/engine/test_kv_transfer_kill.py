@@ -29,10 +29,10 @@ import httpx
 import pytest
 
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig
 from controlplane.router.discovery import static
 from controlplane.router.pd import PDSettings
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig
 from tests.engine.engine_helpers import save_random_llama
 from tests.server_helpers import CMPL, free_port, metric, wait_for
 

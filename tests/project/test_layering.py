@@ -28,7 +28,7 @@ ALLOWED = {
     "engine.core": ("engine._page_allocator",),  # the C++ extension built from csrc/
     "engine": (),
     "promql": (),
-    "routing": ("engine.core",),
+    "routing": ("autoscaler", "engine.core"),
     "simulator": ("autoscaler", "promql", "routing", "engine.core"),
     "controlplane": ("autoscaler", "promql", "routing", "simulator", "engine.core"),
     "slopilot": ("autoscaler", "engine", "promql", "routing", "simulator", "controlplane"),

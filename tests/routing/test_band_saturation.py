@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from controlplane.router.config import load_router_config
 from controlplane.router.gate import Gate, Pending
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.pool import Pool
+from routing.config import load_router_config
 from routing.flow import Band, GatewayQueue, SaturationDetector, pump
 from simulator.scenario import load_scenario
 
@@ -129,6 +129,6 @@ def test_band_saturation_in_the_configs():
         "pools": [{"name": "p", "latency_model": "h100-llama2-70b-tp4", "replicas": 1}],
         "router": {"flow_control": {"bands": [{"priority": 1}, {"priority": 0, "saturation": 0.25}]}},
     })
-    assert [b.saturation for b in sc.router["flow_control"]["bands"]] == [1.0, 0.25]
+    assert [b.saturation for b in sc.router.config.bands] == [1.0, 0.25]
     with pytest.raises(ValueError):
         Band(0, saturation=0.0)

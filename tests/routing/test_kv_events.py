@@ -260,8 +260,8 @@ def precise_config(params: dict) -> dict:
 
 
 def test_router_config_selects_the_precise_scorer_and_checks_its_parameters():
-    from controlplane.router.config import load_router_config
     from controlplane.router.precise import endpoint_key, kv_feed
+    from routing.config import load_router_config
     from routing.router import Router
 
     params = {"blockSize": 16, "tokenizer": "byte", "mediumWeights": {"CPU": 0.5}, "zmqEndpoint": "tcp://127.0.0.1:0"}
@@ -302,7 +302,7 @@ def test_blocks_without_tokens_go_as_placeholders_and_a_native_index_keeps_them(
 
 def test_an_endpoint_that_leaves_the_pool_leaves_the_index():
     from controlplane.router.app import build_router_app
-    from controlplane.router.config import load_router_config
+    from routing.config import load_router_config
 
     cfg = load_router_config(precise_config({"zmqEndpoint": "tcp://127.0.0.1:0"}))
     urls = ["http://127.0.0.1:9"]

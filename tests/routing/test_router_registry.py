@@ -16,7 +16,7 @@ import yaml
 
 from controlplane.prometheus_server import free_port
 from controlplane.router import httpserver
-from controlplane.router.config import load_router_config
+from routing.config import load_router_config
 from routing.router import Router
 from routing.scorers import SCORER_PLUGINS
 from slopilot.cli import main

@@ -62,7 +62,7 @@ def test_unknown_top_level_key_and_valid_defaults():
     with pytest.raises(ValueError, match="workers: unknown field"):
         load_scenario(dict(BASE, workers=3))
     sc = load_scenario(BASE)
-    assert sc.pools[0].max_num_batched_tokens == 8192 and sc.router["policy"] == "least_outstanding"
+    assert sc.pools[0].max_num_batched_tokens == 8192 and sc.router.config.policy == "least_outstanding"
 
 
 def test_kv_blocks_from_gpu_memory():

@@ -1,4 +1,7 @@
 """ROUTER.yaml: the router's plugins, weights and flow control, shaped like llm-d's EndpointPickerConfig.
+The live router (`slopilot route`, a fleet file's `router`) and the simulator (a scenario's `router`:
+this file's path, or the same mapping inline) read it here, into one RouterConfig, and build their
+Router from it with build_router: the same file picks the same plugins, weights and endpoints.
 
     apiVersion: llm-d.ai/v1
     kind: EndpointPickerConfig
@@ -28,7 +31,7 @@
 Scorer plugin types and the simulator scorer they run: queue-scorer (queue), kv-cache-utilization-scorer
 (kv), prefix-cache-scorer (prefix), active-request-scorer (load: requests in flight through this
 router), precise-prefix-cache-scorer (precise_prefix: the blocks each endpoint holds, from its KV events;
-zmqEndpoint, mediumWeights and the prefix scorer's parameters: controlplane.router.precise),
+zmqEndpoint, mediumWeights and the prefix scorer's parameters: routing.precise),
 running-requests-scorer (running), session-affinity-scorer (session; the header is a
 parameter). Pickers: max-score-picker (the weighted policy), round-robin-picker, random-picker,
 least-outstanding-picker, prefix-affinity-picker (the simulator's bounded-load prefix policy). These
@@ -38,83 +41,16 @@ one registered later is accepted here too.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.schema_parts import mapping
 from autoscaler.validation import check
-from autoscaler.yamlfile import Document, document, parse
-from controlplane.router.precise import precise_params
-from controlplane.specs import read_text
-from routing.flow import Band
-from routing.pickers import PICKERS
+from autoscaler.yamlfile import MAX_CHARS, Document, document, parse
+from routing.config_schema import duration, picker_types, router_schema, scorer_types
+from routing.flow import Band, SaturationDetector
 from routing.precise import PLUGIN_TYPE as PRECISE_TYPE
-from routing.scorers import SCORER_PLUGINS
-
-
-def scorer_types() -> dict[str, str]:
-    """EndpointPickerConfig scorer plugin type -> the registered scorer it runs (routing.scorers)."""
-    return {p.plugin_type: p.name for p in SCORER_PLUGINS.values() if p.plugin_type}
-
-
-def picker_types() -> dict[str, str]:
-    """EndpointPickerConfig picker plugin type -> the registered picker (routing.pickers)."""
-    return {p.plugin_type: p.name for p in PICKERS.values() if p.plugin_type}
-
-
-API_VERSIONS = ("llm-d.ai/v1", "llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
-DURATION = {"type": ["number", "string"], "x-message": "must be seconds or a duration such as 100ms, 5s, 2m"}
-PARAMS = {"type": "object"}
-NUM = {"type": "number", "minimum": 0}
-
-
-def router_schema() -> dict:
-    """The EndpointPickerConfig schema, its plugin types those of the registered scorers and pickers."""
-    return mapping(_properties([*scorer_types(), *picker_types()]), ("kind",))
-
-
-def _properties(plugin_types: list[str]) -> dict:
-    return {
-        "apiVersion": {"enum": list(API_VERSIONS)},
-        "kind": {"const": "EndpointPickerConfig"},
-        "featureGates": {"type": "array", "items": {"type": "string"}},
-        "plugins": {"type": "array", "items": mapping(
-            {"name": {"type": "string"}, "type": {"enum": plugin_types},
-             "parameters": PARAMS}, ("type",))},
-        "schedulingProfiles": {"type": "array", "maxItems": 1, "items": mapping(
-            {"name": {"type": "string"}, "plugins": {"type": "array", "items": mapping(
-                {"pluginRef": {"type": "string"}, "weight": NUM}, ("pluginRef",))}}, ("name",))},
-        "saturationDetector": mapping({"queueDepthThreshold": {"type": "integer", "minimum": 1},
-                                       "kvCacheUtilThreshold": {"type": "number", "exclusiveMinimum": 0,
-                                                                "maximum": 1}}),
-        "flowControl": mapping({
-            "defaultPriority": {"type": "integer"},
-            "defaultRequestTTL": DURATION,
-            "priorityBands": {"type": "array", "minItems": 1, "items": mapping(
-                {"priority": {"type": "integer"}, "name": {"type": "string"},
-                 "maxRequests": {"type": "integer", "minimum": 0}, "ttl": DURATION,
-                 "saturation": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, ("priority",))},
-            "objectives": {"type": "object", "additionalProperties": {"type": "integer"}},
-        }),
-        "timeouts": mapping({"firstByte": DURATION, "total": DURATION, "routes": {
-            "type": "object", "additionalProperties": mapping({"firstByte": DURATION, "total": DURATION})}}),
-        "dataLayer": mapping({"refreshInterval": DURATION, "healthCheckInterval": DURATION,
-                              "scrapeTimeout": DURATION, "ejectAfter": {"type": "integer", "minimum": 1},
-                              "connectTimeout": DURATION, "maxRetries": {"type": "integer", "minimum": 0}}),
-    }
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-
-
-def seconds(value: float | str) -> float:
-    """100ms, 5s, 2m, 1h or a plain number of seconds."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = _DURATION_RE.match(value)
-    if not m:
-        raise ValueError(f"not a duration: {value!r}")
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+from routing.precise import precise_params
+from routing.router import TIES, Router
 
 
 @dataclass
@@ -145,6 +81,11 @@ class RouterConfig:
     source: str = "ROUTER"
     kv_events_endpoint: str | None = None  # the precise scorer's SUB socket (controlplane.router.precise)
     kv_medium_weights: dict[str, float] | None = None
+    # not in the file (a scenario's shorthand router block sets them): how ties between equal scores
+    # are broken (the max-score picker's: at random), and the gateway's saturation detector when it
+    # has thresholds of its own (None: the saturationDetector's, which the filter also uses)
+    ties: str = "random"
+    gate_thresholds: tuple[int, float] | None = None
 
     def prefix_block(self) -> int:
         return self.block_size or (16 if self.tokenizer else 64)
@@ -152,6 +93,21 @@ class RouterConfig:
     def timeouts(self, path: str) -> tuple[float, float]:
         """(first byte, total) seconds for a request on `path`."""
         return self.route_timeouts.get(path) or (self.first_byte_timeout, self.total_timeout)
+
+    def detector(self) -> SaturationDetector:
+        """The flow control's saturation detector."""
+        return SaturationDetector(*(self.gate_thresholds or (self.queue_threshold, self.kv_threshold)))
+
+
+def build_router(cfg: RouterConfig, seed: int | None = None, block_tokens: int | None = None) -> Router:
+    """The Router a config describes: the live router's and the simulator's are built here alike.
+    `seed` (default: the picker's) and `block_tokens` (default: the prefix scorer's blockSize)
+    are the caller's when it has its own (a scenario's seed; the replicas' block size)."""
+    if cfg.ties not in TIES:
+        raise ValueError(f"ties must be one of {', '.join(TIES)}, got {cfg.ties!r}")
+    return Router(cfg.policy, cfg.weights, cfg.seed if seed is None else seed, cfg.lru_blocks,
+                  block_tokens or cfg.prefix_block(), kv_threshold=cfg.kv_threshold,
+                  queue_threshold=cfg.queue_threshold, ties=cfg.ties)
 
 
 def load_router_config(source: str | Path | dict | Document | None) -> RouterConfig:
@@ -165,7 +121,7 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"router config not found: {path}")
-        doc = parse(read_text(path), str(path))
+        doc = parse(_read(path), str(path))
     if not isinstance(doc.data, dict):
         raise doc.error((), "a router config must be a mapping (kind: EndpointPickerConfig, plugins, ...)")
     check(router_schema(), doc)
@@ -214,7 +170,7 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
     for key, attr in (("refreshInterval", "refresh_interval"), ("healthCheckInterval", "health_interval"),
                       ("scrapeTimeout", "scrape_timeout"), ("connectTimeout", "connect_timeout")):
         if key in d.get("dataLayer", {}):
-            setattr(cfg, attr, _duration(doc, ("dataLayer", key), d["dataLayer"][key]))
+            setattr(cfg, attr, duration(doc, ("dataLayer", key), d["dataLayer"][key]))
     for key, attr in (("ejectAfter", "eject_after"), ("maxRetries", "max_retries")):
         if key in d.get("dataLayer", {}):
             setattr(cfg, attr, int(d["dataLayer"][key]))
@@ -223,17 +179,27 @@ def load_router_config(source: str | Path | dict | Document | None) -> RouterCon
     return cfg
 
 
+def _read(path: Path) -> str:
+    size = path.stat().st_size  # a huge file is refused before it is read
+    if size > MAX_CHARS:
+        raise ValueError(f"{path}: {size} bytes, more than the limit of {MAX_CHARS} for an input file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+
+
 def _timeouts(doc: Document, cfg: RouterConfig) -> None:
     t = doc.data["timeouts"]
     if "firstByte" in t:
-        cfg.first_byte_timeout = _duration(doc, ("timeouts", "firstByte"), t["firstByte"])
+        cfg.first_byte_timeout = duration(doc, ("timeouts", "firstByte"), t["firstByte"])
     if "total" in t:
-        cfg.total_timeout = _duration(doc, ("timeouts", "total"), t["total"])
+        cfg.total_timeout = duration(doc, ("timeouts", "total"), t["total"])
     for route, r in t.get("routes", {}).items():
         where = ("timeouts", "routes", route)
-        first = _duration(doc, (*where, "firstByte"), r["firstByte"]) if "firstByte" in r \
+        first = duration(doc, (*where, "firstByte"), r["firstByte"]) if "firstByte" in r \
             else cfg.first_byte_timeout
-        total = _duration(doc, (*where, "total"), r["total"]) if "total" in r else cfg.total_timeout
+        total = duration(doc, (*where, "total"), r["total"]) if "total" in r else cfg.total_timeout
         cfg.route_timeouts[str(route)] = (first, total)
 
 
@@ -265,24 +231,14 @@ def _prefix_params(doc: Document, where: tuple, params: dict, cfg: RouterConfig)
         cfg.tokenizer = tok
 
 
-def _duration(doc: Document, path: tuple, value) -> float:
-    try:
-        s = seconds(value)
-    except ValueError as exc:
-        raise doc.error(path, str(exc)) from None
-    if s <= 0:
-        raise doc.error(path, f"must be > 0, got {value!r}")
-    return s
-
-
 def _flow_control(doc: Document, cfg: RouterConfig) -> None:
     f = doc.data["flowControl"]
     cfg.flow_control = True
-    ttl = _duration(doc, ("flowControl", "defaultRequestTTL"), f["defaultRequestTTL"]) \
+    ttl = duration(doc, ("flowControl", "defaultRequestTTL"), f["defaultRequestTTL"]) \
         if "defaultRequestTTL" in f else 60.0
     bands = []
     for i, b in enumerate(f.get("priorityBands", [{"priority": 0}])):
-        band_ttl = _duration(doc, ("flowControl", "priorityBands", i, "ttl"), b["ttl"]) if "ttl" in b else ttl
+        band_ttl = duration(doc, ("flowControl", "priorityBands", i, "ttl"), b["ttl"]) if "ttl" in b else ttl
         bands.append(Band(int(b["priority"]), int(b.get("maxRequests", 1000)), band_ttl, b.get("name", ""),
                           float(b.get("saturation", 1.0))))
     if len({b.priority for b in bands}) != len(bands):
