@@ -6,7 +6,7 @@ Splitwise Llama-2-70B measurements, in two splits:
   extrapolated  train on batch <= 16 and prompt <= 2048, test on the rest
 Prints the held-out MAPE per phase of each model and the ratio of each baseline's error to ours.
 
-    .venv/bin/python bench/calibration.py [--data ../shared/data] [--seeds 5]
+    .venv/bin/python bench/calibration.py [--data ../shared/data] [--seeds 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     default = os.environ.get("SLOPILOT_SHARED_DATA", str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--data", type=Path, default=Path(default))
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--json", type=Path, help="also write the results here (bench/pages.py renders them)")
     args = ap.parse_args(argv)
     if not (args.data / "profiles" / "splitwise_perf_model.csv").is_file():
         print(f"no Splitwise data under {args.data} (set --data or SLOPILOT_SHARED_DATA)", file=sys.stderr)
@@ -153,8 +154,30 @@ def main(argv: list[str] | None = None) -> int:
                              for ph in ("prefill", "decode")]) for m in MODELS}
         best = min(means, key=means.get)
         print(f"  {split:<13}" + "".join(f"  {m} {means[m]:6.2f}" for m in MODELS) + f"   best: {best}")
-    print(f"({time.perf_counter() - t0:.1f} s)")
+    took = time.perf_counter() - t0
+    print(f"({took:.1f} s)")
+    if args.json:
+        write_json(args.json, table, args.seeds, took)
     return 0
+
+
+def write_json(path: Path, table: dict, seeds: int, took: float) -> None:
+    """docs/benchmarks/calibration.md's table: MAPE ours / DistServe / forest per config, split, phase."""
+    from bench.pages import write_result
+
+    def cell(res: dict, ph: str) -> str:
+        v = [res[m][ph] for m in MODELS]
+        return " / ".join(f"**{x:.2f}**" if x == min(v) else f"{x:.2f}" for x in v)
+
+    rows = [[name, split, cell(res, "prefill"), cell(res, "decode")] for (name, split), res in table.items()]
+    for split in ("in range", "extrapolated"):
+        means = {m: np.mean([res[m][ph] for (n, s), res in table.items() if s == split
+                             for ph in ("prefill", "decode")]) for m in MODELS}
+        rows.append(["**mean**", split, ", ".join(f"{m} {means[m]:.2f}" for m in MODELS), ""])
+    write_result(path, ["config", "split", "prefill MAPE %", "decode MAPE %"], rows, notes=[
+        "Held-out MAPE %, ours / DistServe quadratic / Vidur-style forest (best in bold). In range: median "
+        f"of {seeds} random 20% splits; extrapolated: trained on batch <= 16 and prompt <= 2048, tested on "
+        f"the rest. {took:.0f} s on the shared 2-core machine."])
 
 
 if __name__ == "__main__":

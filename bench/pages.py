@@ -30,9 +30,11 @@ BLOCK = re.compile(r"<!-- results: (?P<file>[\w.-]+\.json) -->\n(?P<body>.*?)<!-
 KEYS = ("command", "date", "load", "columns", "rows")
 
 
-def write_result(path: str | Path, columns: list, rows: list, notes: list[str] | None = None) -> dict:
+def write_result(path: str | Path, columns: list, rows: list, notes: list[str] | None = None,
+                 **extra) -> dict:
     """Write a bench's results for its page: its own command line, today's date, the load average now
-    (taken at the end of the run, so the 1-minute figure covers the last of the timings)."""
+    (taken at the end of the run, so the 1-minute figure covers the last of the timings). Keys in
+    `extra` (a bench's own figures, for itself to read back) are kept beside them, not rendered."""
     script, root = Path(sys.argv[0]).resolve(), PAGES.parent.parent
     name = str(script.relative_to(root)) if script.is_relative_to(root) else script.name
     result = {"command": " ".join([name, *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
@@ -40,6 +42,7 @@ def write_result(path: str | Path, columns: list, rows: list, notes: list[str] |
               "rows": [list(r) for r in rows]}
     if notes:
         result["notes"] = list(notes)
+    result.update(extra)
     render(result, str(path))  # a malformed result fails here, in the bench, not later in --check
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
     return result
