@@ -365,26 +365,30 @@ def seconds(v: float, scale: float = 1.0, fmt: str = ".2f") -> str:
     return "inf (unfinished)" if v >= 1e300 else format(v * scale, fmt)
 
 
-def table(rows: list[dict], oracle_gpu_h: float, priority: bool) -> str:
-    head = "| policy | attainment (requests) | attainment (1-min windows) | TTFT p90 (s) | TPOT p90 (ms) | "
-    head += "GPU-hours | x oracle bound | scale events | late requests (in the bursts) |"
-    if priority:
-        head += " batch done by deadline | batch e2e max (min) |"
-    first = f"| oracle lower bound | - | - | - | - | {oracle_gpu_h:.1f} | 1.00 | - | - |"
-    lines = [head, "|" + "---|" * head.count(" |"), first + (" - | - |" if priority else "")]
+def cells(rows: list[dict], oracle_gpu_h: float, priority: bool) -> tuple[list[str], list[list[str]]]:
+    """The table's columns and cells (the printed table and the --json result's)."""
+    cols = ["policy", "attainment (requests)", "attainment (1-min windows)", "TTFT p90 (s)", "TPOT p90 (ms)",
+            "GPU-hours", "x oracle bound", "scale events", "late requests (in the bursts)"]
+    cols += ["batch done by deadline", "batch e2e max (min)"] if priority else []
+    out = [["oracle lower bound", "-", "-", "-", "-", f"{oracle_gpu_h:.1f}", "1.00", "-", "-"]
+           + (["-", "-"] if priority else [])]
     for r in rows:
         wa = r["window_attainment"]
-        line = (
-            f"| {r['policy']} | {100 * r['attainment']:.2f}% | {'-' if wa is None else f'{100 * wa:.1f}%'} | "
-            f"{seconds(r['ttft_p90'])} | {seconds(r['tpot_p90'], 1000, '.0f')} | {r['gpu_hours']:.1f} | "
-            f"{r['gpu_hours'] / oracle_gpu_h:.2f} | {r['scale_events']} | "
-            f"{r['late']:,} ({r['late_in_bursts']:,}) |"
-        )
+        line = [r["policy"], f"{100 * r['attainment']:.2f}%", "-" if wa is None else f"{100 * wa:.1f}%",
+                seconds(r["ttft_p90"]), seconds(r["tpot_p90"], 1000, ".0f"), f"{r['gpu_hours']:.1f}",
+                f"{r['gpu_hours'] / oracle_gpu_h:.2f}", str(r["scale_events"]),
+                f"{r['late']:,} ({r['late_in_bursts']:,})"]
         if priority:
             n = max(r["batch_requests"], 1)
-            line += f" {100 * r['batch_done_by_deadline'] / n:.2f}% | {r['batch_e2e_max'] / 60:.1f} |"
-        lines.append(line)
-    return "\n".join(lines)
+            line += [f"{100 * r['batch_done_by_deadline'] / n:.2f}%", f"{r['batch_e2e_max'] / 60:.1f}"]
+        out.append(line)
+    return cols, out
+
+
+def table(rows: list[dict], oracle_gpu_h: float, priority: bool) -> str:
+    cols, body = cells(rows, oracle_gpu_h, priority)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in body])
 
 
 def main() -> None:
@@ -393,7 +397,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7, help="the scenario's seed (arrivals, lengths, bands)")
     ap.add_argument("--hours", type=float, default=6.0, help="the day's length (seasonal: three of them)")
     ap.add_argument("--out", default="out/bench_policies")
-    ap.add_argument("--json", default=None, help="also write the rows here as JSON")
+    ap.add_argument("--json", default=None, help="also write the table here as bench/pages.py renders it "
+                    "(the rows' figures under 'result', as --merge reads them)")
     ap.add_argument("--plot", default=None, help="also save the plot here (e.g. docs/img/policies.png)")
     ap.add_argument(
         "--bounds",
@@ -409,7 +414,8 @@ def main() -> None:
                     f"{GATEWAY['queue_threshold']} waiting")
     ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so")
     ap.add_argument("--merge", nargs="*", default=[],
-                    help="with --only: the other rows of these earlier --json outputs (same workload, seed)")
+                    help="with --only: the other rows of these earlier --json outputs or results_WK.json "
+                    "files (same workload, seed)")
     ap.add_argument("--rate", type=float, default=3.0, help="pd-day: the mean request rate")
     args = ap.parse_args()
     if args.workload == "pd-day":  # a P/D service: its own rows and bound (bench/pd_day.py)
@@ -477,6 +483,7 @@ def main() -> None:
 
     for path in args.merge:
         old = json.loads(Path(path).read_text())
+        old = old.get("result", old)  # a --json result, or an --out directory's results_WK.json
         if (old["workload"], old["seed"], old["hours"], old.get("gateway")) != (
                 wk, args.seed, args.hours, args.gateway) or (
                 wk == "priority" and old.get("batch_saturation", 1.0) != args.batch_saturation):
@@ -498,9 +505,9 @@ def main() -> None:
         "oracle_gpu_hours": oracle_gpu_h,
         "rows": [{k: v for k, v in r.items() if k != "timeline"} for r in rows],
     }
-    for path in [out / f"results_{wk}.json"] + ([Path(args.json)] if args.json else []):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+    (out / f"results_{wk}.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        write_json(args.json, rows, result)
     shown = [r for r in rows if not r.get("bound") and r["timeline"]]
     if shown:
         plot(shown, need, billed, out / f"policies_{wk}.png", wk)
@@ -508,6 +515,22 @@ def main() -> None:
             Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
             plot(shown, need, billed, Path(args.plot), wk)
     print(f"\nwrote {out}/table_{wk}.md, results_{wk}.json, policies_{wk}.png")
+
+
+def write_json(path: str, rows: list[dict], result: dict) -> None:
+    """The table for docs/benchmarks/ (bench/pages.py), the rows' own figures beside it for --merge."""
+    from bench.pages import write_result
+
+    wk = result["workload"]
+    cols, body = cells(rows, result["oracle_gpu_hours"], wk == "priority")
+    walls = sum(r["wall_s"] for r in rows)
+    note = (f"Workload {wk}, seed {result['seed']}, {result['hours']:g}-hour day"
+            + (f", scored from {result['scored_from_s'] / 3600:g} h" if result["scored_from_s"] else "")
+            + (f", gateway at KV {result['gateway']}" if result["gateway"] is not None else "")
+            + f"; measured capacity {result['capacity_per_replica']:.3f} req/s per replica; "
+            f"{walls / 60:.1f} minutes of simulation for the {len(rows)} rows.")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_result(path, cols, body, [note], result=result)
 
 
 def plot(rows, need, billed, path: Path, workload: str = "bursty") -> None:
