@@ -10,6 +10,7 @@ in random order. Prints each path's end-to-end p50/p90, the difference of the me
 of the per-round differences, with the 1-minute load average.
 
     .venv/bin/python bench/pd_router_overhead.py [--rounds 60] [--prompt-tokens 256] [--max-tokens 4]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -29,11 +32,27 @@ def role(r: str) -> list[str]:
     return ["--kv-transfer-config", json.dumps({"kv_connector": "TcpConnector", "kv_role": r})]
 
 
+def write_json(args: argparse.Namespace, times: dict, added: float, paired: float) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.pages import write_result
+
+    rows = [[f"{name}: end-to-end p50 / p90 (n={len(ts)})",
+             f"{np.median(ts) * 1e3:.2f} / {np.percentile(ts, 90) * 1e3:.2f} ms"]
+            for name, ts in times.items()]
+    rows += [["router added at p50 (difference of medians)", f"{added:+.2f} ms"],
+             ["router added (median of the rounds' differences)", f"{paired:+.2f} ms"]]
+    write_result(args.json, ["measure", "value"], rows, notes=[
+        "`serve tiny` prefill and decode engines (TcpConnector) and `slopilot route` in processes of their "
+        f"own; each of {args.rounds} rounds sends a fresh {args.prompt_tokens}-token prompt "
+        f"({args.max_tokens} output tokens) both ways, in random order."])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = ap.parse_args()
     procs = []
     try:
@@ -81,6 +100,8 @@ def main() -> None:
         paired = np.median(np.array(times["routed"]) - np.array(times["direct"])) * 1e3
         print(f"router added at p50: {added:.2f} ms (difference of medians), {paired:.2f} ms (median of the "
               f"rounds' differences)   load average (1 min): {os.getloadavg()[0]:.1f}")
+        if args.json:
+            write_json(args, times, added, paired)
     finally:
         for proc in procs:
             proc.terminate()
