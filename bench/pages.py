@@ -31,13 +31,15 @@ KEYS = ("command", "date", "load", "columns", "rows")
 
 
 def write_result(path: str | Path, columns: list, rows: list, notes: list[str] | None = None,
-                 **extra) -> dict:
+                 command: str | None = None, **extra) -> dict:
     """Write a bench's results for its page: its own command line, today's date, the load average now
     (taken at the end of the run, so the 1-minute figure covers the last of the timings). Keys in
     `extra` (a bench's own figures, for itself to read back) are kept beside them, not rendered."""
-    script, root = Path(sys.argv[0]).resolve(), PAGES.parent.parent
-    name = str(script.relative_to(root)) if script.is_relative_to(root) else script.name
-    result = {"command": " ".join([name, *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
+    if command is None:
+        script, root = Path(sys.argv[0]).resolve(), PAGES.parent.parent
+        name = str(script.relative_to(root)) if script.is_relative_to(root) else script.name
+        command = " ".join([name, *sys.argv[1:]])
+    result = {"command": command, "date": datetime.date.today().isoformat(),
               "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "columns": list(columns),
               "rows": [list(r) for r in rows]}
     if notes:
@@ -46,6 +48,27 @@ def write_result(path: str | Path, columns: list, rows: list, notes: list[str] |
     render(result, str(path))  # a malformed result fails here, in the bench, not later in --check
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def record_from_test(name: str, columns: list, rows: list, notes: list[str] | None = None) -> None:
+    """A page whose measurement is a slow test: the test hands its table here, written to
+    $SLOPILOT_RESULTS/NAME when that is set (`SLOPILOT_RESULTS=docs/benchmarks/results pytest -m slow
+    tests/...`), and nowhere otherwise, so an ordinary test run leaves the recorded results alone.
+    Several tests of one pytest run may record into one file: their rows are appended in run order."""
+    where = os.environ.get("SLOPILOT_RESULTS")
+    if not where:
+        return
+    path, session = Path(where) / name, f"pytest pid {os.getpid()}"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    if old.get("session") == session and old.get("columns") == list(columns):
+        rows = old["rows"] + [list(r) for r in rows]
+        notes = old.get("notes", []) + [n for n in notes or [] if n not in old.get("notes", [])]
+    args = " ".join(a for a in sys.argv[1:] if not a.startswith("--basetemp"))
+    write_result(path, columns, rows, notes, command=f"SLOPILOT_RESULTS={where} pytest {args}",
+                 session=session)
 
 
 def _cell(value) -> str:

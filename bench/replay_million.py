@@ -1,6 +1,6 @@
 """Replay of a million-row series: peak memory and wall time of `slopilot replay` in a child process.
 
-    .venv/bin/python bench/replay_million.py [--rows 1000000] [--step 5] [--baseline]
+    .venv/bin/python bench/replay_million.py [--rows 1000000] [--step 5] [--baseline] [--json PATH]
 
 Writes a series of ROWS rows (a random walk of the waiting queue, one row every STEP seconds) and
 replays it through examples/replay/keda_queue.yaml (pollingInterval 30 s) with the CLI, in a child
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=float, default=5.0, help="seconds between rows (default 5)")
     ap.add_argument("--spec", type=Path, default=SPEC)
     ap.add_argument("--baseline", action="store_true", help="also run the non-streaming approach")
+    ap.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         series, out = Path(tmp) / "series.csv", Path(tmp) / "decisions.csv"
@@ -92,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
         m = runs["streaming (slopilot replay)"][0]
         ok = m["peak_rss_mb"] < 200 and m["wall_s"] < 10
         print(f"target (< 200 MB, < 10 s): {'met' if ok else 'MISSED'}")
+        if args.json:
+            sys.path.insert(0, str(ROOT))
+            from bench.pages import write_result
+
+            notes = [f"{args.rows} rows, one every {args.step:g} s ({size:.1f} MiB), {decisions} decisions, "
+                     f"spec {args.spec.name}; target (< 200 MB, < 10 s for the streaming run): "
+                     f"{'met' if ok else 'MISSED'}."]
+            if args.baseline:
+                notes.append(f"Both runs wrote the same decisions: {same}.")
+            write_result(args.json, ["run", "wall s", "CPU s", "peak RSS MB"],
+                         [[label, round(m["wall_s"], 2), round(m["cpu_s"], 2), round(m["peak_rss_mb"], 1)]
+                          for label, (m, _) in runs.items()], notes)
     return 0 if ok else 1
 
 

@@ -10,7 +10,7 @@ its threads spent runnable but waiting for a CPU per routed request (schedstat),
 load average at the end of each run. With --repeats N every rate runs N times, interleaved,
 and a summary gives each column's median ("added" is the median of the runs' differences).
 
-    .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--repeats 3]
+    .venv/bin/python bench/router_overhead.py [--rates 50 200 500] [--duration 20] [--repeats 3] [--json PATH]
 
 `--picker round-robin` runs the router with that picker alone (no scorers): the direct path's own
 placement, so the difference is the HTTP hop and the router's work, without the effect of where the
@@ -146,6 +146,32 @@ HEADER = ("rate  | sent | TTFT p50 direct / routed / added | TTFT p99 direct / r
           "| router CPU/request | router wait for a CPU/request | client lag | load (1 min)")
 
 
+def median(ms: list[dict]) -> dict:
+    """Each column's median over the runs of one rate ("added" is the median of the differences)."""
+    med = {k: float(np.median([m[k] for m in ms])) for k in ("add50", "add99", "cpu", "wait", "lag", "load")}
+    med["sent"] = int(np.median([m["sent"] for m in ms]))
+    med["p50"] = tuple(float(np.median([m["p50"][j] for m in ms])) for j in (0, 1))
+    med["p99"] = tuple(float(np.median([m["p99"][j] for m in ms])) for j in (0, 1))
+    return med
+
+
+def write_json(path: str, meds: dict, args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.pages import write_result
+
+    rows = [[f"{rate:g}", m["sent"], f"{m['p50'][0]:.1f} / {m['p50'][1]:.1f} / {m['add50']:+.1f} ms",
+             f"{m['p99'][0]:.1f} / {m['p99'][1]:.1f} / {m['add99']:+.1f} ms", f"{m['cpu']:.2f} ms",
+             f"{m['wait']:.2f} ms", f"{m['load']:.1f}"] for rate, m in meds.items()]
+    router = f"{args.picker} picker alone" if args.picker else args.config or "default scorers"
+    write_result(path, ["rate (req/s)", "sent", "TTFT p50 direct / routed / added",
+                        "TTFT p99 direct / routed / added", "router CPU per request",
+                        "router wait for a CPU per request", "load (1 min)"], rows, notes=[
+        f"{args.engines} emulated engines ({MODEL}) and the router ({router}) in their own processes, "
+        f"{args.duration:g} s of Poisson arrivals per rate, each at random routed or direct; "
+        f"{'median of ' + str(args.repeats) + ' interleaved runs' if args.repeats > 1 else 'one run'}; "
+        f"{http_stack()}."])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", type=float, nargs="+", default=[50, 200, 500])
@@ -157,6 +183,7 @@ def main() -> None:
     p.add_argument("--picker", help="run the router with this picker alone (e.g. round-robin), not the "
                                     "default scorers")
     p.add_argument("--config", type=Path, help="run the router with this ROUTER.yaml instead")
+    p.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = p.parse_args()
     procs = []
     try:
@@ -187,16 +214,14 @@ def main() -> None:
                 m = measure(router, engines, rproc, rate, args.duration, args.seed + i)
                 runs[rate].append(m)
                 print(row(rate, m), flush=True)
+        meds = {rate: median(ms) for rate, ms in runs.items()}
         if args.repeats > 1:
             print(f"median of {args.repeats}:")
             print(HEADER)
-            for rate, ms in runs.items():
-                keys = ("add50", "add99", "cpu", "wait", "lag", "load")
-                med = {k: float(np.median([m[k] for m in ms])) for k in keys}
-                med["sent"] = int(np.median([m["sent"] for m in ms]))
-                med["p50"] = tuple(float(np.median([m["p50"][j] for m in ms])) for j in (0, 1))
-                med["p99"] = tuple(float(np.median([m["p99"][j] for m in ms])) for j in (0, 1))
+            for rate, med in meds.items():
                 print(row(rate, med))
+        if args.json:
+            write_json(args.json, meds, args)
     finally:
         for proc in procs:
             proc.terminate()

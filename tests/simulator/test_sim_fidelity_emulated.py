@@ -155,7 +155,7 @@ def _simulate(sent, prompt_tokens, output, http_ms: float) -> dict:
     return {"ttft": ttft, "e2e": e2e, "tpot": (e2e - ttft) / np.maximum(f.requests.generated - 1, 1)}
 
 
-def _compare(n: int, rate: float, p50_tol: float, p90_tol: float) -> None:
+def _compare(n: int, rate: float, p50_tol: float, p90_tol: float, record: str | None = None) -> None:
     arrivals, prompt_chars, output = _workload(n, rate)
     procs, urls = _start_fleet(REPLICAS)
     try:
@@ -175,13 +175,23 @@ def _compare(n: int, rate: float, p50_tol: float, p90_tol: float) -> None:
             report[f"{k} p{q}"] = (r, s, s / r - 1)
     print("\n".join(f"{k}: emulated fleet {r * 1000:.1f} ms, sim {s * 1000:.1f} ms ({100 * e:+.1f}%)"
                     for k, (r, s, e) in report.items()))
+    if record:  # docs/benchmarks/sim_fidelity.md's table, when asked for (bench/pages.py)
+        from bench.pages import record_from_test
+
+        record_from_test(record, ["measure", "emulated fleet", "simulator", "sim / fleet - 1", "bar"],
+                         [[k.upper(), f"{r * 1000:.1f} ms", f"{s * 1000:.1f} ms", f"{100 * e:+.1f}%",
+                           f"{100 * (p50_tol if k.endswith('p50') else p90_tol):.0f}%"]
+                          for k, (r, s, e) in report.items()],
+                         [f"{REPLICAS} `slopilot serve --emulate {MODEL}` processes, {n} Poisson requests at "
+                          f"{rate:g}/s sent round-robin with streaming, against the simulator given the same "
+                          f"arrivals and lengths; HTTP path measured first: {http_ms:.2f} ms."])
     for k, (r, s, e) in report.items():
         assert abs(e) <= (p50_tol if k.endswith("p50") else p90_tol), (k, report)
 
 
 @pytest.mark.slow
 def test_fidelity_emulated_fleet_600_requests():
-    _compare(600, rate=12.0, p50_tol=0.10, p90_tol=0.15)
+    _compare(600, rate=12.0, p50_tol=0.10, p90_tol=0.15, record="sim_fidelity_emulated.json")
 
 
 def test_fidelity_emulated_fleet_short():
