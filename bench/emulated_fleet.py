@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--emulate", default="h100-llama2-70b-tp4")
+    p.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = p.parse_args()
     procs, urls = [], []
     t_start = time.perf_counter()
@@ -143,6 +144,27 @@ def main() -> None:
           f"{statistics.median(cpu) / wall * 100:.1f}% (max {max(cpu) / wall * 100:.1f}%); "
           f"load generator {client_cpu / wall:.2f} cores")
     print(f"replica RSS: median {statistics.median(rss):.0f} MiB, total {sum(rss):.0f} MiB")
+    if args.json:
+        from bench.pages import write_result
+
+        ps = {k: [percentile(result[k], q) * 1e3 for q in (50, 90, 99)] for k in ("ttft", "itl")}
+        write_result(args.json, ["", "value"], [
+            ["replicas healthy after launch", f"{startup:.1f} s"],
+            ["tokens streamed over the fleet", f"{result['tokens']:,} in {wall:.1f} s = "
+                                               f"{result['tokens'] / wall:,.0f} tok/s"],
+            ["client TTFT p50 / p90 / p99", " / ".join(f"{x:.0f}" for x in ps["ttft"]) + " ms"],
+            ["client ITL p50 / p90 / p99", " / ".join(f"{x:.1f}" for x in ps["itl"]) + " ms"],
+            [f"latency model's decode step, batch {args.streams}, context {ctx:,}",
+             f"{decode_ms:.1f} ms (p50 ITL / model = {ps['itl'][0] / decode_ms:.3f})"],
+            [f"CPU of the {args.replicas} replicas during the load",
+             f"{sum(cpu) / wall:.2f} cores in total (median {statistics.median(cpu) / wall * 100:.1f}% of a "
+             f"core each, max {max(cpu) / wall * 100:.1f}%)"],
+            ["CPU of the load generator", f"{client_cpu / wall:.2f} cores"],
+            [f"resident memory of the {args.replicas} replicas",
+             f"{statistics.median(rss):.0f} MiB each, {sum(rss):,.0f} MiB in total"]],
+            notes=[f"{args.replicas} `slopilot serve --emulate {args.emulate}` processes, {args.streams} "
+                   f"closed-loop streams each, prompts of {args.prompt_len} tokens, {args.max_tokens} output "
+                   f"tokens, {args.seconds:g} s of load."])
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def record_from_test(name: str, columns: list, rows: list, notes: list[str] | No
 
 def _cell(value) -> str:
     if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
+        return f"{value:.3g}" if abs(value) < 1e3 else f"{value:.0f}"  # .3g writes 1131.0 as 1.13e+03
     return str(value).replace("|", "\\|")
 
 

@@ -12,7 +12,7 @@ Debian Prometheus with promtool, then, in interleaved rounds, times each query t
 and the first, uncached call (the parse that writes the cache) once. Prints medians, the ratios to
 Prometheus, and the load average before and after (the machine is shared: read the numbers with it).
 
-    .venv/bin/python bench/query_speed.py [--pods 16] [--hours 4.83] [--rounds 5]
+    .venv/bin/python bench/query_speed.py [--pods 16] [--hours 4.83] [--rounds 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=16)
     ap.add_argument("--hours", type=float, default=4.83)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = ap.parse_args()
     for tool in ("prometheus", "promtool"):
         if shutil.which(tool) is None:
@@ -109,7 +110,8 @@ def main() -> int:
     cache_path(rec).unlink(missing_ok=True)
     started = time.monotonic()
     subprocess.run([*cli, instant[0], "--time", str(end_s)], cwd=ROOT, check=True, capture_output=True)
-    print(f"first call (parses, writes the cache): {time.monotonic() - started:.1f} s")
+    first = time.monotonic() - started
+    print(f"first call (parses, writes the cache): {first:.1f} s")
     server = PrometheusServer([], scrape_interval=60.0, data_dir=work / "prom").start()
     times: dict[tuple, list[float]] = {}
     try:
@@ -131,11 +133,28 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmedians of {args.rounds} interleaved rounds (ms); ratio = ours / Prometheus")
     print(f"{'kind':8} {'cli':>8} {'inproc':>8} {'prom':>8} {'cli/prom':>9} {'inproc/prom':>11}  query")
+    rows = []
     for (kind, q) in dict.fromkeys(k[:2] for k in times):
         c, i, p = (median_ms(times[(kind, q, w)]) for w in ("cli", "inproc", "prom"))
         print(f"{kind:8} {c:8.1f} {i:8.1f} {p:8.2f} {c / p:9.0f} {i / p:11.0f}  {q[:70]}")
+        rows.append([f"{kind} `{q}`", round(c), round(i), round(p, 1)])
     print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        from bench.pages import write_result
+
+        write_result(args.json, ["query", "CLI process (ms)", "load cache + answer, in process (ms)",
+                                 "Prometheus HTTP (ms)"], rows, notes=[
+            f"`slopilot query` on {samples:,} samples ({args.pods} vLLM-shaped pods, {end_s / 3600:.2f} h "
+            f"at 5 s); medians of {args.rounds} interleaved rounds; the first, uncached call (parse, write "
+            f"the cache) took {first:.1f} s. Prometheus {prom_version()} holds the same samples (promtool "
+            "backfill)."])
     return 0
+
+
+def prom_version() -> str:
+    out = subprocess.run(["prometheus", "--version"], capture_output=True, text=True)
+    words = (out.stdout or out.stderr).split()
+    return words[2] if len(words) > 2 else "?"
 
 
 def _round(times, key, cases, client, path, params, inproc, rec) -> None:

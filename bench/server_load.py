@@ -7,7 +7,7 @@ shared 2-core machine, OpenMP's spinning threads slow the tiny model several-fol
 are busy). Prints throughput, client-side TTFT and inter-token latency percentiles, and the HTTP
 path's cost as the ratio of the two wall times; medians of --repeats runs.
 
-    .venv/bin/python bench/server_load.py [--concurrency 16] [--requests 128] [--repeats 3]
+    .venv/bin/python bench/server_load.py [--concurrency 16] [--requests 128] [--repeats 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads, server and offline alike")
+    p.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = p.parse_args()
     prompts = make_prompts(args.requests, 0)
     proc, url = start_server(args)
@@ -142,9 +143,23 @@ def main() -> None:
     print(f"HTTP server     : {http_tps:8.1f} output tok/s")
     print(f"offline generate: {off_tps:8.1f} output tok/s")
     print(f"HTTP wall / offline wall = {ratio:.2f}x  (throughput ratio {http_tps / off_tps:.2f})")
+    pct = {}
     for key in ("ttft", "itl"):
-        ps = {q: med(percentile(r[key], q) * 1e3 for r in runs) for q in (50, 90, 99)}
+        ps = pct[key] = {q: med(percentile(r[key], q) * 1e3 for r in runs) for q in (50, 90, 99)}
         print(f"{key.upper():4s} ms: p50 {ps[50]:7.2f}  p90 {ps[90]:7.2f}  p99 {ps[99]:7.2f}")
+    if args.json:
+        from bench.pages import write_result
+
+        write_result(args.json, ["model", "HTTP out tok/s", "offline out tok/s", "HTTP wall / offline wall",
+                                 "TTFT p50 / p90 / p99 ms", "ITL p50 / p90 / p99 ms"],
+                     [[f"{args.model} ({args.requests} req x {args.max_tokens} tok, "
+                       f"{args.concurrency} streams)",
+                       round(http_tps, 1), round(off_tps, 1), f"{ratio:.2f}x",
+                       " / ".join(f"{pct['ttft'][q]:.0f}" for q in (50, 90, 99)),
+                       " / ".join(f"{pct['itl'][q]:.1f}" for q in (50, 90, 99))]],
+                     notes=[f"`slopilot serve --model {args.model}` in its own process, closed-loop "
+                            "streaming clients over loopback, against `LLM.generate` on the same prompts "
+                            f"in-process; {args.threads} torch thread(s); medians of {args.repeats} runs."])
 
 
 if __name__ == "__main__":
