@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from autoscaler.batch_backlog import BacklogOptions, BatchBacklog, interactive
 from autoscaler.forecast import Demand, DemandOptions
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
@@ -154,6 +155,7 @@ class SloModelPolicy(Policy):
         max_batch_seqs: int = 256,
         prompt_cv: float = 1.0,
         demand: DemandOptions | None = None,
+        backlog: BacklogOptions | None = None,
         **demand_options,
     ):
         if not slos:
@@ -172,20 +174,29 @@ class SloModelPolicy(Policy):
             raise ValueError("give demand=DemandOptions(...) or its keywords, not both")
         self.forecast = Demand(demand or DemandOptions(**demand_options), startup_delay, polling_interval)
         self.recs: list[list[float]] = []  # [time, recommendation]
+        self.backlog = None  # a live batch backlog (autoscaler.batch_backlog), when its query is given
+        if backlog is not None and backlog.backlog_query:
+            self.backlog = BatchBacklog(backlog, startup_delay, polling_interval,
+                                        self.forecast.options.drain_seconds)
 
     def state_dict(self) -> dict:
         state = self.forecast.state_dict()
-        return {"rates": state.pop("rates"), "recs": self.recs, **state}
+        extra = self.backlog.state_dict() if self.backlog is not None else {}
+        return {"rates": state.pop("rates"), "recs": self.recs, **state, **extra}
 
     def load_state_dict(self, state: dict) -> None:
         self.forecast.load_state_dict(state)
         self.recs = [list(x) for x in state.get("recs", [])]
+        if self.backlog is not None:
+            self.backlog.load_state_dict(state)
 
     def demand(self, obs: Observation) -> float:
         """The arrival rate to provision for (autoscaler.forecast.Demand.rate)."""
         return self.forecast.rate(obs)
 
     def decide(self, obs: Observation) -> Decision:
+        if self.backlog is not None:  # size the interactive part alone; the batch has its own term
+            obs = interactive(obs)
         no_mix = obs.mean_prompt_tokens is None or obs.mean_output_tokens is None
         # a fleet that served and is now idle finishes no request, so it has no length mix; it needs
         # none to size for nothing (before any decision the count given at start is kept instead)
@@ -193,21 +204,23 @@ class SloModelPolicy(Policy):
         if obs.arrival_rate is None or (no_mix and not idle):
             return Decision(obs.current_replicas, False, "sloModel: no arrival rate / length mix, no change")
         rate = 0.0 if no_mix else self.demand(obs)
-        need = self.min_replicas if rate <= 0 else replicas_needed(
-            self.model,
-            rate,
-            obs.mean_prompt_tokens,
-            obs.mean_output_tokens,
-            self.slos,
-            self.margin,
-            max(self.min_replicas, 1),
-            self.max_replicas,
-            obs.max_batch_seqs or self.max_batch,
-            self.prompt_cv,
-        )
+
+        def sizing(r: float, prompt: float, output: float) -> int:
+            return self.min_replicas if r <= 0 else replicas_needed(
+                self.model, r, prompt, output, self.slos, self.margin, max(self.min_replicas, 1),
+                self.max_replicas, obs.max_batch_seqs or self.max_batch, self.prompt_cv)
+
+        need = sizing(rate, obs.mean_prompt_tokens, obs.mean_output_tokens)
+        note = ""
+        if self.backlog is not None and not no_mix:
+            need, batch, why = self.backlog.size(obs, need, rate, obs.mean_prompt_tokens,
+                                                 obs.mean_output_tokens, sizing)
+            note = f"; {why}" if why else ""
+            rate += batch
         now = obs.time
         self.recs.append([now, need])
         self.recs = [r for r in self.recs if r[0] > now - self.scale_down_delay] or self.recs[-1:]
         desired = int(max(r[1] for r in self.recs))  # scale down only after the delay window
         desired = min(max(desired, self.min_replicas), self.max_replicas)
-        return Decision(desired, rate > 0, f"sloModel: provision for {rate:.2f} req/s -> {need} replicas")
+        return Decision(desired, rate > 0,
+                        f"sloModel: provision for {rate:.2f} req/s -> {need} replicas{note}")

@@ -29,6 +29,7 @@ import numpy as np
 from autoscaler.schema_parts import COUNT0, POS, mapping
 from autoscaler.validation import check
 from autoscaler.yamlfile import Document, document
+from controlplane.batch_load import BATCH, BatchLoad
 from simulator.dists import Dist
 from simulator.scenario_schema import ARRIVALS, DIST, dist_at
 from simulator.scenario_workload import arrivals_config
@@ -46,6 +47,7 @@ LOAD = mapping(
         "routing": {"enum": list(ROUTINGS)},
         "seed": COUNT0,
         "timeout": POS,
+        "batch": BATCH,  # one batch submitted to the router's Batch API (controlplane.batch_load)
     },
     ("arrivals",),
 )
@@ -65,6 +67,7 @@ class LoadSpec:
     routing: str = "least_outstanding"
     seed: int = 0
     timeout: float = 120.0  # seconds per request
+    batch: BatchLoad | None = None  # a batch submitted at batch.at (needs the fleet's router)
 
     @classmethod
     def parse(cls, source: dict | Document) -> LoadSpec:
@@ -77,6 +80,7 @@ class LoadSpec:
             routing: least_outstanding   # or round_robin
             seed: 0
             timeout: 120              # seconds per request
+            batch: {at: 20, lines: 3000, completion_window: 4m}   # controlplane.batch_load
         """
         doc = document(source)
         check(LOAD, doc)
@@ -97,6 +101,8 @@ class LoadSpec:
         for k, kind in (("routing", str), ("seed", int), ("timeout", float)):
             if k in d:
                 setattr(spec, k, kind(d[k]))
+        if "batch" in d:
+            spec.batch = BatchLoad.parse(doc.at("batch"))
         return spec
 
     def rate(self, t: float) -> float:
@@ -143,8 +149,8 @@ def _percentiles(xs: list[float]) -> dict:
 
 
 def summarize(records: Sequence[RequestRecord], duration: float) -> dict:
-    """Request counts by status, TTFT/E2E percentiles of the successful ones, the rate sent over
-    `duration` seconds."""
+    """Request counts by status, TTFT/E2E/TPOT percentiles of the successful ones (TPOT: a request's
+    time after its first token over its other tokens), the rate sent over `duration` seconds."""
     ok = [r for r in records if r.status == 200]
     by_status: dict[str, int] = {}
     for r in records:
@@ -158,6 +164,8 @@ def summarize(records: Sequence[RequestRecord], duration: float) -> dict:
         "output_tokens": sum(r.tokens for r in ok),
         "ttft_s": _percentiles([r.ttft for r in ok if r.ttft is not None]),
         "e2e_s": _percentiles([r.e2e for r in ok if r.e2e is not None]),
+        "tpot_s": _percentiles([(r.e2e - r.ttft) / (r.tokens - 1) for r in ok
+                                if r.e2e is not None and r.ttft is not None and r.tokens > 1]),
     }
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from controlplane.assemble import build_loop
+from controlplane.batch_load import BatchSubmitter
 from controlplane.controller import AutoscalerLoop, Controller
 from controlplane.dashboard import Dashboard
 from controlplane.fleet import LocalFleet
@@ -58,10 +59,12 @@ class LocalRun:
         self.loop: AutoscalerLoop | None = None
         self.load: LoadGenerator | None = None
         self.load_result = None
+        self.batch: BatchSubmitter | None = None
         self.dashboard: Dashboard | None = None
         self.router: RouterServer | None = None
         self._threads: list[threading.Thread] = []
         self.started = 0.0
+        self.ended = 0.0  # when stop() began: the end of the run's GPU-second count
         self.final_frame: str | None = None
         self.metrics_port: int | None = None
 
@@ -75,7 +78,8 @@ class LocalRun:
         sd_file = self.fleet.file_sd_path
         if cfg.router is not None:  # in front of the ready replicas; Prometheus scrapes it too
             self.router = RouterServer(build_router_app(cfg.router, self.fleet.endpoints, pool_name=cfg.name,
-                                                        state_dir=str(out / "router")))  # its Batch API
+                                                        state_dir=str(out / "router"),  # its Batch API
+                                                        batch_engine_priority=cfg.batch_engine_priority))
             self.router.start()
             sd_file = out / "prometheus_targets.json"
             self._merge_targets(sd_file)
@@ -106,6 +110,9 @@ class LocalRun:
             entry = (lambda: [self.router.url]) if self.router is not None else self.fleet.endpoints
             self.load = LoadGenerator(cfg.load, entry)
             self._thread(self._run_load)
+            if cfg.load.batch is not None:  # the fleet's config checked there is a router
+                self.batch = BatchSubmitter(cfg.load.batch, self.router.url, time.time())
+                self._thread(self.batch.run)
         return self
 
     def urls(self) -> dict[str, str]:
@@ -163,17 +170,21 @@ class LocalRun:
                 on_tick()
             if end is not None and time.time() >= end:
                 break
-            if end is None and self.load is not None and self.load_result is not None:
+            if end is None and self.load is not None and self.load_result is not None and (
+                    self.batch is None or self.batch.finished.is_set()):  # and the batch has ended
                 break
             self.stopping.wait(1.0)
 
     def stop(self) -> None:
+        self.ended = self.ended or time.time()
         if self.dashboard is not None and self.final_frame is None:
             self.dashboard.refresh()
             self.final_frame = self.dashboard.text()  # the last frame while everything still runs
         self.stopping.set()
         if self.load is not None:
             self.load.stop()
+        if self.batch is not None:
+            self.batch.stop()
         for t in self._threads:
             t.join(timeout=30)
         if self.router is not None:
@@ -222,12 +233,28 @@ class LocalRun:
                     last = applied
         return events
 
+    def gpu_seconds(self) -> dict:
+        """Replica-seconds of every pool from the start to the end of the run (stop() or now), and
+        GPU-seconds: replica-seconds x the emulated model's tensor-parallel size (1 for real weights)."""
+        end = self.ended or time.time()
+        tp = 1
+        if self.cfg.emulate:
+            from simulator.latency import load_latency_model
+
+            tp = int(getattr(load_latency_model(self.cfg.emulate), "tp", 1) or 1)
+        rs = sum(f.replica_seconds(self.started, end) for f in self.fleets())
+        return {"run_s": round(end - self.started, 3), "replica_seconds": round(rs, 1),
+                "gpus_per_replica": tp, "gpu_seconds": round(rs * tp, 1)}
+
     def summary(self) -> dict:
         out = {"fleet": self.cfg.name, "autoscaler": self.cfg.autoscaler.name,
                "policy": self.cfg.autoscaler.policy_type, "scale_events": self.scale_events(),
                "decisions_csv": "decisions.csv", "spec": self.spec_path.name}
         if self.load_result is not None:
             out["requests"] = self.load_result.summary()
+        if self.batch is not None:
+            out["batch"] = self.batch.result()
+        out["gpu_seconds"] = self.gpu_seconds()
         return out
 
     def write_summary(self) -> dict:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from autoscaler.batch_backlog import SERVE, BacklogOptions
+from autoscaler.batch_backlog import SIGNALS as BACKLOG_SIGNALS
 from autoscaler.forecast import DemandOptions
 from autoscaler.keda import Trigger
 from autoscaler.registry import PolicyType, option, param_default, register
@@ -16,12 +18,18 @@ STR, BOOL = {"type": "string"}, {"type": "boolean"}
 
 
 _DEMAND = {f.name: f.default for f in dataclasses.fields(DemandOptions)}
+_BACKLOG = {f.name: f.default for f in dataclasses.fields(BacklogOptions)}  # fields named batch_<name> here
 
 
 def _o(spec_name: str, keyword: str, schema: dict, meaning: str = ""):
     """An option whose default is written once: in DemandOptions (the forecast's) or in SloModelPolicy's
     signature (the queueing model's)."""
-    default = _DEMAND[keyword] if keyword in _DEMAND else param_default(SloModelPolicy, keyword)
+    if keyword in _DEMAND:
+        default = _DEMAND[keyword]
+    elif keyword.startswith("batch_") and keyword[6:] in _BACKLOG:
+        default = _BACKLOG[keyword[6:]]
+    else:
+        default = param_default(SloModelPolicy, keyword)
     return option(spec_name, default, schema, meaning)
 
 
@@ -63,6 +71,24 @@ class SloModelOptions:  # field names are SloModelPolicy's keywords and DemandOp
                                 "PromQL for the batch band's gateway queue")
     batch_deadline: float = _o("batchDeadlineSeconds", "batch_deadline", POS,
                                "the batch band's queue is provisioned to drain in half of this")
+    # a live Batch API's backlog (autoscaler.batch_backlog): deferred to its deadline, or served at arrival
+    batch_backlog_query: str = _o("batchBacklogQuery", "batch_backlog_query", STR,
+                                  "PromQL for the batch lines not yet answered (the router's "
+                                  "slopilot_batch_backlog_requests); turns on the deadline rule")
+    batch_deadline_query: str = _o("batchDeadlineQuery", "batch_deadline_query", STR,
+                                   "PromQL for the seconds to the earliest batch deadline")
+    batch_answered_query: str = _o("batchAnsweredQuery", "batch_answered_query", STR,
+                                   "PromQL for batch lines answered a second (taken out of the engines' "
+                                   "rate; the rate the deadline rule compares with the one it needs)")
+    batch_prompt_tokens_query: str = _o("batchPromptTokensQuery", "batch_prompt_tokens_query", STR,
+                                        "PromQL for the answered batch lines' prompt tokens a second")
+    batch_output_tokens_query: str = _o("batchOutputTokensQuery", "batch_output_tokens_query", STR,
+                                        "PromQL for the answered batch lines' output tokens a second")
+    batch_serve: str = _o("batchServe", "batch_serve", {"enum": list(SERVE)},
+                          "deadline: capacity for the batch only when its answer rate would miss the "
+                          "deadline; arrival: the backlog drained in drainSeconds like a queue")
+    batch_grace: float = _o("batchGraceSeconds", "batch_grace", NONNEG,
+                            "seconds after a backlog appears before its answer rate is judged")
     # the burst test's spread at least a fast-window rate's counting noise
     burst_noise_floor: bool = _o("burstNoiseFloor", "burst_noise_floor", BOOL,
                                  "the burst test's spread is at least sqrt(rate / fastWindowSeconds), a "
@@ -74,6 +100,9 @@ SIGNALS = {"arrivals_query": "arrivals", "queue_query": "queue", "batch_arrivals
            "batch_queue_query": "batch_queue"}
 
 
+SIGNALS.update({f"batch_{attr}": name for attr, name in BACKLOG_SIGNALS.items()})
+
+
 def signal_triggers(o: SloModelOptions) -> list[Trigger]:
     """The fast-signal queries the options set, as triggers (read as any trigger, live or simulated)."""
     return [Trigger(name, getattr(o, attr), 0.0) for attr, name in SIGNALS.items() if getattr(o, attr)]
@@ -82,9 +111,10 @@ def signal_triggers(o: SloModelOptions) -> list[Trigger]:
 def build(spec, options: SloModelOptions, latency_model) -> SloModelPolicy:
     given = dataclasses.asdict(options)
     demand = DemandOptions(**{k: given.pop(k) for k in _DEMAND})
+    backlog = BacklogOptions(**{k: given.pop(f"batch_{k}") for k in _BACKLOG})
     return SloModelPolicy(spec.slos, latency_model, min_replicas=spec.min_replicas,
                           max_replicas=spec.max_replicas, polling_interval=spec.polling_interval,
-                          startup_delay=spec.startup_delay, demand=demand, **given)
+                          startup_delay=spec.startup_delay, demand=demand, backlog=backlog, **given)
 
 
 SLO_MODEL = register(PolicyType(

@@ -13,6 +13,7 @@
                                        # or the spec inline
     router: true                       # optional: the router in front of the replicas (or a ROUTER.yaml
                                        # path, or an inline EndpointPickerConfig); the load goes through it
+    batch_engine_priority: 1           # optional: the router's Batch API lines carry this `priority`
     load:                              # see controlplane.loadgen.LoadSpec.parse
       arrivals: {piecewise: [[0, 1], [60, 8], [120, 1]]}
       output_tokens: 64
@@ -99,4 +100,10 @@ def finish(cfg: FleetConfig, doc: Document, base: Path) -> FleetConfig:
     if "load" in d:
         cfg.load = LoadSpec.parse(doc.at("load"))
     cfg.router = router_of(doc, base)
+    if "batch_engine_priority" in d:
+        cfg.batch_engine_priority = int(d["batch_engine_priority"])
+    for key, what in (("batch_engine_priority", "the router's batch lines"), ("load", "a load with a batch")):
+        if cfg.router is None and key in d and (key != "load" or cfg.load.batch is not None):
+            where = ("load", "batch") if key == "load" else (key,)
+            raise doc.error(where, f"{what} need the fleet's router (router: true)")
     return cfg

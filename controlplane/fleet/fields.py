@@ -36,6 +36,7 @@ class FleetConfig:
     autoscaler_path: str | None = None  # its file, when it was given as one
     load: LoadSpec | None = None
     router: RouterConfig | None = None  # the router in front of the fleet, when asked for
+    batch_engine_priority: int | None = None  # the router's Batch API lines sent at this `priority`
     source: str = "FLEET"  # the file it came from, for messages
     pd: PDFleet | None = None  # a P/D fleet's two pools (then replicas etc. are the pools' sums)
 

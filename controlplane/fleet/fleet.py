@@ -127,6 +127,17 @@ class LocalFleet(Supervisor, Target):
             return {r.address: {"fleet": self.name, "replica": r.id}
                     for r in self._replicas if r.state != TERMINATING}
 
+    def replica_seconds(self, start: float, end: float) -> float:
+        """Seconds of replica processes alive between wall times start and end, from the events: each
+        replica from its spawn to its exit (a draining replica still holds its GPUs), or to `end`."""
+        spans: dict[str, list[float]] = {}
+        for ev in list(self.events):
+            if ev["event"] == "spawn":
+                spans[ev["replica"]] = [ev["time"], end]
+            elif ev["event"] in ("stopped", "died", "killed") and ev["replica"] in spans:
+                spans[ev["replica"]][1] = min(spans[ev["replica"]][1], ev["time"])
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans.values())
+
     def processes(self) -> dict[str, dict]:
         """id -> {pid, port, url, state}, oldest first, including replicas still draining."""
         with self._lock:

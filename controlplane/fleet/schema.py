@@ -50,6 +50,8 @@ FLEET = mapping(
         # the router in front of the fleet: true (its defaults), a ROUTER.yaml path or one inline
         "router": {"type": ["boolean", "string", "object"],
                    "x-message": "must be true, a router config path or an inline EndpointPickerConfig"},
+        # the router's batch lines sent with this vLLM `priority` (as `route --batch-engine-priority`)
+        "batch_engine_priority": COUNT0,
     },
     **{"x-exactly-one": ["emulate", "model"]},
 )

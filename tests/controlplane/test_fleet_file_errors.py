@@ -38,5 +38,6 @@ def test_a_misspelled_engine_flag_is_named_with_a_did_you_mean(tmp_path, capsys)
 def test_an_unknown_top_level_key_lists_the_allowed_ones(tmp_path, capsys):
     err = fleet_up(tmp_path, capsys, "\nmax_replicas: 4", "\nmax_replica: 4")
     assert err == (f"slopilot fleet: error: {tmp_path / 'fleet.yaml'}:9: max_replica: unknown field "
-                   "(allowed: autoscaler, drain_timeout, emulate, engine, load, max_replicas, min_replicas, "
-                   "model, name, pd, replicas, router, scrape_interval, start_timeout)")
+                   "(allowed: autoscaler, batch_engine_priority, drain_timeout, emulate, engine, load, "
+                   "max_replicas, min_replicas, model, name, pd, replicas, router, scrape_interval, "
+                   "start_timeout)")
