@@ -8,7 +8,10 @@ deadline (the live Batch API's metrics, controlplane.batch.metrics, read as trig
     batch_prompt_tokens, batch_output_tokens  rates of batch_request_{prompt,generation}_tokens_total
 
 The engines' aggregates count batch lines with interactive requests; the answered lines' rate and
-token rates are taken out of them first, so the interactive rate and length mix are sized alone.
+token rates are taken out of them first, so the interactive rate and length mix are sized alone, and
+while a backlog is left the engines' waiting requests are taken as its lines (up to the backlog):
+batch lines wait at an engine by design, and interactive requests that must wait show in the
+gateway's queue (queueQuery) once the engines saturate.
 
 serve "deadline" (the priority-aware rule): the batch needs backlog / (time left - guard) lines a
 second, guard = startup delay + two polls (what a replica ordered now needs to help). While the lines
@@ -59,6 +62,9 @@ def value(obs: Observation, name: str) -> float:
 def interactive(obs: Observation) -> Observation:
     """obs with the answered batch lines taken out of the engines' finished-request rate and length
     mix (a mix that cannot be separated is left unknown rather than wrong)."""
+    backlog = value(obs, "batch_backlog")
+    if obs.num_waiting and backlog > 0:
+        obs = dataclasses.replace(obs, num_waiting=max(obs.num_waiting - backlog, 0.0))
     lines = value(obs, "batch_answered")
     total = obs.arrival_rate
     if total is None or lines <= 0:

@@ -7,7 +7,8 @@ completion window), then polled until it ends; beside the interactive schedule o
       batch: {at: 20, lines: 3000, prompt_tokens: 64, output_tokens: 16, completion_window: 4m}
 
 Lines are completions of random token ids (so prompt lengths are exact and nothing is a prefix-cache
-hit), `ignore_eos` so each line's output length is the one drawn, the model the router lists first.
+hit), `ignore_eos` so each line's output length is the one drawn, for `model` (default: the model the
+router lists first).
 The result says when the batch was created, its deadline and when it ended, all in seconds since the
 load began, and its request counts: what a run compares with the window.
 """
@@ -37,6 +38,7 @@ BATCH = mapping(
         "completion_window": {"type": "string", "pattern": "^[0-9]+[smh]$",
                               "x-message": "must be a duration such as '24h', '30m' or '90s'"},
         "seed": COUNT0,
+        "model": {"type": "string", "minLength": 1},  # default: the first model the router lists
     },
     ("lines", "completion_window"),
 )
@@ -54,6 +56,7 @@ class BatchLoad:
     prompt_tokens: Dist = field(default_factory=lambda: _tokens(64))
     output_tokens: Dist = field(default_factory=lambda: _tokens(16))
     seed: int = 0
+    model: str = ""
 
     @classmethod
     def parse(cls, source: dict | Document) -> BatchLoad:
@@ -65,7 +68,7 @@ class BatchLoad:
         except ValueError as exc:
             raise doc.error(("completion_window",), str(exc)) from None
         spec = cls(int(d["lines"]), str(d["completion_window"]), float(d.get("at", 0.0)),
-                   seed=int(d.get("seed", 0)))
+                   seed=int(d.get("seed", 0)), model=str(d.get("model", "")))
         for k in ("prompt_tokens", "output_tokens"):
             if k in d:
                 dist = dist_at(doc, k, integer=True)
@@ -129,9 +132,11 @@ class BatchSubmitter:
         return self.result()
 
     def _submit(self, c: httpx.Client) -> None:
-        models = c.get(f"{self.url}/v1/models")
-        models.raise_for_status()
-        model = models.json()["data"][0]["id"]
+        model = self.spec.model
+        if not model:
+            models = c.get(f"{self.url}/v1/models")
+            models.raise_for_status()
+            model = models.json()["data"][0]["id"]
         up = c.post(f"{self.url}/v1/files", data={"purpose": "batch"},
                     files={"file": ("load.jsonl", self.spec.jsonl(model), "application/jsonl")})
         up.raise_for_status()

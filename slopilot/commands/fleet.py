@@ -88,7 +88,8 @@ def run_fleet(cfg, out: str, duration: float | None, with_load: bool, rate_windo
             run.wait(duration, run.dashboard.refresh)
     summary = run.write_summary()
     print(run.final_frame or "")
-    print(json.dumps({k: summary[k] for k in ("scale_events", "requests", "batch", "gpu_seconds") if k in summary}, indent=2))
+    shown = ("scale_events", "requests", "batch", "gpu_seconds")
+    print(json.dumps({k: summary[k] for k in shown if k in summary}, indent=2))
     if "spec" in summary:
         print(f"wrote {out}/decisions.csv, summary.json, dashboard.txt; replay with: slopilot replay "
               f"--spec {out}/{summary['spec']} --metrics {out}/decisions.csv")

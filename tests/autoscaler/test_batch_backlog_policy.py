@@ -37,6 +37,9 @@ def test_batch_lines_are_taken_out_of_the_engines_rate_and_mix():
     o = interactive(obs(0, inter=2.0, lines=30.0))
     assert o.arrival_rate == pytest.approx(2.0)
     assert o.mean_prompt_tokens == pytest.approx(600) and o.mean_output_tokens == pytest.approx(100)
+    # batch lines waiting at the engines are not interactive demand
+    assert interactive(obs(0, lines=30.0, backlog=500, waiting=20)).num_waiting == 0
+    assert interactive(obs(0, lines=30.0, backlog=5, waiting=20)).num_waiting == 15
     # nothing interactive finished: no mix rather than the batch's
     alone = interactive(obs(0, inter=0.0, lines=30.0))
     assert alone.arrival_rate == 0 and alone.mean_prompt_tokens is None
