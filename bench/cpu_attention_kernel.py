@@ -5,7 +5,7 @@ CPU time (this process, all threads), best of --repeats, on the engine benchmark
 bigger-head decode (32 heads of 128 over 8 KV heads, 64 sequences at 500 tokens). Blocks are shuffled
 across a larger pool, as after a while of serving.
 
-    .venv/bin/python bench/cpu_attention_kernel.py --threads 1 --dtypes float32,bfloat16
+    .venv/bin/python bench/cpu_attention_kernel.py --threads 1 --dtypes float32,bfloat16 [--json PATH]
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--no-torch", action="store_true", help="the C++ kernel only")
+    ap.add_argument("--json", help="also write the results here (bench/pages.py renders them)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     backends = [CpuBackend()] + ([] if args.no_torch else [TorchBackend()])
-    print(f"threads {args.threads}, best of {args.repeats}, CPU ms per layer call, "
-          f"load {os.getloadavg()[0]:.1f}")
+    load0 = os.getloadavg()[0]
+    print(f"threads {args.threads}, best of {args.repeats}, CPU ms per layer call, load {load0:.1f}")
+    rows = []
     with torch.inference_mode():
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
@@ -89,6 +91,16 @@ def main() -> None:
                 times = [cpu_ms(call, args.repeats) for call in calls]
                 cells = "  ".join(f"{b.name} {t:7.2f}" for b, t in zip(backends, times))
                 print(f"  {dtype_name:9s} {name:36s} {cells}", flush=True)
+                rows.append([name, dtype_name, *(round(t, 2) for t in times)]
+                            + ([f"x{times[1] / times[0]:.1f}"] if len(times) > 1 else []))
+    if args.json:
+        from bench.pages import write_result
+
+        names = [f"{b.name} backend (ms)" for b in backends]
+        write_result(args.json, ["case", "dtype", *names] + (["torch / cpu"] if len(backends) > 1 else []),
+                     rows, notes=[f"CPU ms per layer call (this process, all threads), {args.threads} "
+                                  f"torch thread(s), best of {args.repeats}; the C++ kernel (`cpu`) against "
+                                  f"the torch reference backend; load average {load0:.1f} at the start."])
 
 
 if __name__ == "__main__":
