@@ -31,79 +31,19 @@ immediate; scale-down waits scaleDownDelaySeconds (the highest recommendation of
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from autoscaler.forecast import Demand, DemandOptions
 from autoscaler.observation import Observation
+from autoscaler.pd_queue import decode_batch, erlang_c, prefill_miss, prefill_times, prefill_wait
 from autoscaler.policy import Decision, Policy
 from autoscaler.slo import SloTarget
-from autoscaler.slo_model import StepTimeModel, quantile_factor
+from autoscaler.slo_model import StepTimeModel
+
+__all__ = ["PdModelPolicy", "erlang_c", "prefill_wait", "decode_batch", "smallest"]
 
 ROLES = ("prefill", "decode")
-
-
-def erlang_c(servers: int, load: float) -> float:
-    """The probability an arrival waits in an M/M/c queue with `load` erlangs (< servers)."""
-    b = 1.0
-    for k in range(1, servers + 1):  # Erlang B by its stable recursion
-        b = load * b / (k + load * b)
-    rho = load / servers
-    return b / (1.0 - rho * (1.0 - b))
-
-
-def prefill_wait(model: StepTimeModel, rate: float, n: int, prompt: float, q: float,
-                 prompt_cv: float) -> float:
-    """Queue wait at quantile q for prompts arriving at `rate` to n prefill replicas (inf when
-    saturated): M/G/c with the Allen-Cunneen scaling, P(W > t) = C exp(-2 (n/S - rate) t / (1 + cv^2)),
-    C the Erlang C probability of waiting. With n = 1 it is sloModel's M/G/1 tail."""
-    s = model.step_ms(prompt, prompt, 0, 0) / 1000.0
-    load = rate * s
-    if load >= n:
-        return math.inf
-    if load <= 0:
-        return 0.0
-    c = erlang_c(n, load)
-    tail = 1.0 - q
-    if c <= tail:
-        return 0.0
-    return math.log(c / tail) * (1.0 + prompt_cv**2) / (2.0 * (n / s - rate))
-
-
-def local_prompts(prompt: float, threshold: float) -> tuple[float, float]:
-    """(share, mean length) of the prompts at most `threshold` tokens long, which the router sends whole
-    to a decode replica, for an exponential length mix of mean `prompt` (promptCV 1)."""
-    if threshold <= 0 or prompt <= 0:
-        return 0.0, 0.0
-    share = 1.0 - math.exp(-threshold / prompt)
-    return share, max(prompt - threshold * (1.0 - share) / share, 1.0)
-
-
-def decode_batch(model: StepTimeModel, lam: float, prompt: float, output: float, max_batch: int,
-                 threshold: float = 0.0):
-    """(tpot seconds, running sequences) of one decode replica at lam requests/s; None when the batch
-    has no fixed point within max_batch (overloaded). Prompts of at most `threshold` tokens are
-    prefilled here, in steps the decoding sequences wait through: tpot = d(B) / (1 - rho_p)."""
-    ctx = prompt + output / 2.0
-    share, local = local_prompts(prompt, threshold)
-    rho_p = lam * share * model.step_ms(local, local, 0, 0) / 1000.0 if share else 0.0
-    if rho_p >= 1.0:
-        return None
-
-    def step(b: float) -> float:
-        b = max(b, 1.0)
-        return model.step_ms(0, 0, b, b * ctx) / 1000.0 / (1.0 - rho_p)
-
-    tpot = step(1.0)
-    batch = lam * output * tpot
-    for _ in range(60):
-        tpot_new = step(batch)
-        batch_new = lam * output * tpot_new
-        if batch_new > max_batch:
-            return None
-        done = abs(batch_new - batch) <= 1e-4 * max(1.0, batch)
-        tpot, batch = tpot_new, batch_new
-        if done:
-            return tpot, batch
-    return None
+MEASURED_BATCH = 8  # running sequences (pool-wide) from which their measured context is used
 
 
 def smallest(ok, lo: int, hi: int) -> int:
@@ -137,6 +77,7 @@ class PdModelPolicy(Policy):
         kv_tokens: float = 0.0,
         kv_target: float = 0.8,
         prefill_threshold: float = 0.0,
+        scale_down_headroom: float = 0.0,
         demand: DemandOptions | None = None,
     ):
         if role not in ROLES:
@@ -151,7 +92,7 @@ class PdModelPolicy(Policy):
         self.polling_interval, self.margin = polling_interval, margin
         self.scale_down_delay, self.max_batch, self.prompt_cv = scale_down_delay, max_batch_seqs, prompt_cv
         self.decode_ttft, self.kv_tokens, self.kv_target = decode_ttft, kv_tokens, kv_target
-        self.threshold = prefill_threshold
+        self.threshold, self.down_headroom = prefill_threshold, scale_down_headroom
         self.forecast = Demand(demand or DemandOptions(), startup_delay, polling_interval)
         self.recs: list[list[float]] = []  # [time, recommendation]
 
@@ -187,20 +128,22 @@ class PdModelPolicy(Policy):
         slo = self._slo("ttft")
         budget = slo.seconds * (1.0 - self.margin) - self.decode_ttft
         q = slo.percentile / 100.0
-        long_prompt = prompt * quantile_factor(q, self.prompt_cv)
-        # a percentile-long prompt's own prefill no replica count shortens: when it alone takes the
-        # budget, keep the queue to a tenth of the SLO rather than order every replica allowed
-        wait = max(budget - self.model.step_ms(long_prompt, long_prompt, 0, 0) / 1000.0,
-                   0.1 * slo.seconds)
-        return smallest(lambda n: prefill_wait(self.model, rate, n, prompt, q, self.prompt_cv) <= wait,
-                        lo, hi)
+        times = prefill_times(self.model, prompt, self.prompt_cv)
+        if sum(t > budget for t in times) / len(times) < 1.0 - q:
+            return smallest(lambda n: prefill_miss(times, rate, n, budget) <= 1.0 - q, lo, hi)
+        # the long prompts' own prefills miss the budget whatever the count: keep the queue to a tenth
+        # of the SLO rather than order every replica allowed
+        return smallest(lambda n: prefill_wait(self.model, rate, n, prompt, q, self.prompt_cv)
+                        <= 0.1 * slo.seconds, lo, hi)
 
-    def decode_need(self, rate: float, prompt: float, output: float, lo: int, hi: int, max_batch: int) -> int:
+    def decode_need(self, rate: float, prompt: float, output: float, lo: int, hi: int, max_batch: int,
+                    ctx: float | None = None) -> int:
         slo = self._slo("tpot")
-        ctx = prompt + output / 2.0
+        ctx = ctx or prompt + output / 2.0
+        z = NormalDist().inv_cdf(slo.percentile / 100.0)
 
         def ok(n: int) -> bool:
-            got = decode_batch(self.model, rate / n, prompt, output, max_batch, self.threshold)
+            got = decode_batch(self.model, rate / n, prompt, output, max_batch, self.threshold, z, n, ctx)
             if got is None:
                 return False
             tpot, batch = got
@@ -209,6 +152,17 @@ class PdModelPolicy(Policy):
             return tpot <= slo.seconds * (1.0 - self.margin)
 
         return smallest(ok, lo, hi)
+
+    def running_context(self, obs: Observation) -> float | None:
+        """KV tokens per running sequence, measured (KV usage x capacity over the running count), when
+        kvTokensPerReplica is given and the batch is large enough to say. A running sequence's context
+        is weighted by how long it stays (its output length), which the mean prompt and output cannot
+        show when long prompts come with short answers and short prompts with long ones."""
+        if self.kv_tokens <= 0 or obs.kv_usage is None or not obs.num_running or obs.ready <= 0:
+            return None
+        if obs.num_running < MEASURED_BATCH:
+            return None
+        return obs.kv_usage * obs.ready * self.kv_tokens / obs.num_running
 
     def floors(self, obs: Observation, max_batch: int) -> int:
         """Replicas the decode pool's observed KV usage and running batch need now."""
@@ -231,12 +185,18 @@ class PdModelPolicy(Policy):
         rate = 0.0 if no_mix else self.role_rate(obs)
         lo, hi = max(self.min_replicas, 1), self.max_replicas
         max_batch = obs.max_batch_seqs or self.max_batch
-        if rate <= 0:
-            need = self.min_replicas
-        elif self.role == "prefill":
-            need = self.prefill_need(rate, prompt, lo, hi)
-        else:
-            need = self.decode_need(rate, prompt, output, lo, hi, max_batch)
+
+        def need_at(r: float) -> int:
+            if r <= 0:
+                return self.min_replicas
+            if self.role == "prefill":
+                return self.prefill_need(r, prompt, lo, hi)
+            return self.decode_need(r, prompt, output, lo, hi, max_batch, self.running_context(obs))
+
+        need = need_at(rate)
+        if self.down_headroom > 0 and need < obs.current_replicas:
+            # hysteresis: shrink only to a count that would still hold (1 + h) x the rate
+            need = max(need, min(obs.current_replicas, need_at(rate * (1.0 + self.down_headroom))))
         floor = self.floors(obs, max_batch)
         need = max(need, min(floor, hi))
         now = obs.time

@@ -1,6 +1,6 @@
-"""The P/D day (`bench/policies.py --workload pd-day`): a disaggregated Llama-2-70B service on H100 TP4
-replicas (a prefill pool and a decode pool, 2-minute startup each) through a 6-hour day whose length
-mix shifts under the bursty rate, so the right P:D ratio moves:
+"""The P/D day (`bench/pd_day.py`, or `bench/policies.py --workload pd-day`): a disaggregated
+Llama-2-70B service on H100 TP4 replicas (a prefill pool and a decode pool, 2-minute startup each)
+through a 6-hour day whose length mix shifts under the bursty rate, so the right P:D ratio moves:
 
 * the rate: the bursty day's shape (diurnal, trough at the start, peak half-way, two 3x bursts at 1/4
   and 2/3 of the day), at --rate req/s on average;
@@ -14,8 +14,11 @@ throughput planner (bench/pd_baselines.py), ours (pdModel on each pool), and the
 minute, the fewest prefill and decode replicas for that minute's arrivals of each kind at the capacities
 a replica of each role sustains on each pure mix (measured by steady runs, simulator.planner.pd_plan),
 each started and billed a startup delay ahead. With --bounds, that plan simulated (each pool on a
-schedule) and the reactive bound (the same plan blind to each burst until 30 s after its start, then
-its peak ordered at once), as bench/policies.py does for the aggregated bursty day.
+schedule) and the reactive bounds (the same plan blind to each burst until it is seen, at its start or
+30 s after, then its peak ordered at once; and the 30-s one with standing headroom), as
+bench/policies.py does for the aggregated bursty day (bench/pd_bounds.py).
+
+    .venv/bin/python bench/pd_day.py --bounds --json docs/benchmarks/results/pd_day.json
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import time
 import numpy as np
 import pd_baselines  # noqa: F401  (registers throughputPlanner)
 
-from simulator.planner.oracle import MINUTE
 from simulator.report import request_table, slo_meets
 from simulator.run import build_workload, simulate
 from simulator.scenario import load_scenario
@@ -91,7 +93,11 @@ def hpa(name: str, query: str, per_replica: float) -> dict:
 
 
 # both pools read the router's arrival counter as their fast signal (the prefill pool its share of it)
-OURS = {"burstSlope": "last", "dropOnFall": True, "margin": 0.1, "decodeTtftSeconds": 0.3,
+# a burst sized from the line through its whole rise so far (onset) past a counted rate's noise, not from
+# one 15-s interval's slope; 2-minute scale-down window (the decode role's batch percentile and the
+# prefill role's whole-TTFT tail keep the count off the edge, so it need not be held 3 minutes)
+OURS = {"burstSlope": "onset", "burstNoiseFloor": True, "dropOnFall": True, "margin": 0.05,
+        "scaleDownDelaySeconds": 120, "decodeTtftSeconds": 0.3,
         "arrivalsQuery": "sum(llm_d_epp_request_total)"}
 # the prompts under the router's threshold are prefilled on the decode pool
 DECODE = {"role": "decode", "prefillThreshold": PD["threshold"]}
@@ -163,147 +169,104 @@ def run_row(name: str, sc: dict, wl: Workload) -> dict:
     return row(name, res, time.perf_counter() - t)
 
 
-def capacities(rate: float = 6.0) -> dict[str, tuple[float, float]]:
-    """Per pure mix: (req/s one prefill replica sustains, req/s one decode replica sustains) within the
-    SLOs, from the smallest P/D split meeting them in steady runs at `rate` (simulator.planner.pd_plan)."""
-    from simulator.planner.pd_plan import level_task
-    from simulator.planner.plan import load_plan
-    from simulator.planner.sweep import SerialRunner, drive
-
-    out = {}
-    for name, ((pm, pmed, pmax), (om, omed, omax)) in MIXES.items():
-        pool = {k: v for k, v in POOL.items() if k not in ("provisioning_delay", "cost_per_hour")}
-        pool["kv_memory"] = {k: v for k, v in pool["kv_memory"].items() if k != "num_gpus"}
-        plan = load_plan({
-            "name": name, "seeds": [1], "duration": 600,
-            "workload": {"arrivals": {"process": "gamma", "cv": 1.09, "rate": rate},
-                         "prompt_tokens": {"dist": "lognormal", "mean": pm, "median": pmed, "max": pmax},
-                         "output_tokens": {"dist": "lognormal", "mean": om, "median": omed, "max": omax}},
-            "slo": SLO, "router": {"policy": "least_outstanding"},
-            "deployments": [{"name": "h100", **pool, "price_per_gpu_hour": 39.2 / GPUS}],
-            "search": {"duration": 600, "peak_duration": 600, "max_duration": 1200, "drain": 300},
-            "pd": {k: v for k, v in PD.items() if k not in ("prefill_pool", "decode_pool")}})
-        lv = drive({"x": level_task(plan, rate, 1.0)}, SerialRunner())["x"]
-        out[name] = (rate / lv["pd"]["prefill"], rate / lv["pd"]["decode"])
-    return out
-
-
-def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
-    """Per minute the prefill and decode replicas that minute's arrivals of each kind need at the
-    measured capacities (at least 1 each), started and billed a startup delay ahead."""
-    minutes = int(math.ceil(day / MINUTE))
-    m = (wl.times // MINUTE).astype(int)
-    n_long = np.bincount(m[long], minlength=minutes)[:minutes] / MINUTE
-    n_chat = np.bincount(m[~long], minlength=minutes)[:minutes] / MINUTE
-    lead = int(math.ceil(STARTUP / MINUTE))
-    out, needs = {}, {}
-    for i, role in enumerate(("prefill", "decode")):
-        work = n_long / caps["summarise"][i] + n_chat / caps["chat"][i]
-        need = np.maximum(1, np.ceil(work - 1e-9)).astype(int)
-        needs[role] = need
-        out[role] = np.array([need[k: k + lead + 1].max() for k in range(minutes)])
-    ratio = out["prefill"] / out["decode"]
-    return {"gpu_hours": float((out["prefill"] + out["decode"]).sum() / 60 * GPUS),
-            "pd_ratio": [float(ratio.min()), float(ratio.max())],
-            "prefill_range": [int(out["prefill"].min()), int(out["prefill"].max())],
-            "decode_range": [int(out["decode"].min()), int(out["decode"].max())],
-            "need": {k: v.tolist() for k, v in needs.items()},
-            "billed": {k: v.tolist() for k, v in out.items()}}
-
-
-def spikes(day: float) -> list[dict]:
-    return [{"at": day * f, "duration": 300} for f in (0.25, 0.66)]
-
-
-def reactive_steps(need: np.ndarray, day: float, detect: float) -> list[dict]:
-    """A pool's reactive bound (bench/policies.py's, per pool): the oracle's per-minute plan, blind to
-    each burst until `detect` s after its start, then the burst's peak need ordered at once."""
-    from simulator.planner.oracle import plan_steps
-
-    blind, extra = need.copy(), []
-    for s in spikes(day):
-        m0, m1 = int(s["at"] // 60), int(math.ceil((s["at"] + s["duration"]) / 60))
-        blind[m0:m1] = need[m0 - 1]
-        extra.append((s["at"] + detect, s["at"] + s["duration"], int(need[m0:m1].max())))
-    lead = int(math.ceil(STARTUP / MINUTE))
-    billed = np.array([blind[k: k + lead + 1].max() for k in range(len(blind))])
-    return plan_steps(billed, extra)
-
-
-def bound_rows(wl: Workload, day: float, bound: dict) -> list[dict]:
-    """The oracle's plan and the reactive bound (burst seen 30 s after its start), each pool on a
-    schedule, simulated: what perfect sizing reaches with and without foresight of the bursts."""
-    from simulator.planner.oracle import plan_steps
-
-    def sched(steps):
-        return {"schedule": steps, "polling_interval": 5}
-
-    rows = []
-    roles = ("prefill", "decode")
-    plans = {"oracle plan (simulated)": {r: plan_steps(np.array(bound["billed"][r])) for r in roles},
-             "reactive bound (burst seen after 30 s)": {
-                 r: reactive_steps(np.array(bound["need"][r]), day, 30.0) for r in roles}}
-    for name, steps in plans.items():
-        sc = scenario(day, sched(steps["prefill"]), sched(steps["decode"]), steps["prefill"][0]["replicas"],
-                      steps["decode"][0]["replicas"])
-        rows.append(run_row(name, sc, wl))
-    return rows
-
-
 def pct(v) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
-def table(rows: list[dict], bound: dict) -> str:
-    head = ("| policy | TTFT attainment | TPOT attainment | both | GPU-hours | x oracle | P:D ratio range "
-            "| prefill replicas | decode replicas | scale events |")
-    out = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+COLUMNS = ["policy", "TTFT attainment", "TPOT attainment", "both", "GPU-hours", "x oracle", "P:D ratio range",
+           "prefill replicas", "decode replicas", "scale events"]
+
+
+def cells(rows: list[dict], bound: dict) -> list[list[str]]:
+    """The table's rows: every policy and bound row, then the oracle bound's own plan (not simulated)."""
+    out = []
     for r in rows:
-        x = r["gpu_hours"] / bound["gpu_hours"]
-        out.append(f"| {r['policy']} | {pct(r['ttft_attainment'])} | {pct(r['tpot_attainment'])} | "
-                   f"{pct(r['attainment'])} | {r['gpu_hours']:.1f} | {x:.2f} | "
-                   f"{r['pd_ratio'][0]:.2f}-{r['pd_ratio'][1]:.2f} | "
-                   f"{r['prefill_range'][0]}-{r['prefill_range'][1]} "
-                   f"| {r['decode_range'][0]}-{r['decode_range'][1]} | {r['scale_events']} |")
-    out.append(f"| oracle bound (P/D, per minute) | - | - | - | {bound['gpu_hours']:.1f} | 1.00 | "
-               f"{bound['pd_ratio'][0]:.2f}-{bound['pd_ratio'][1]:.2f} | "
-               f"{bound['prefill_range'][0]}-{bound['prefill_range'][1]} | "
-               f"{bound['decode_range'][0]}-{bound['decode_range'][1]} | - |")
-    return "\n".join(out)
+        out.append([r["policy"], pct(r["ttft_attainment"]), pct(r["tpot_attainment"]), pct(r["attainment"]),
+                    f"{r['gpu_hours']:.1f}", f"{r['gpu_hours'] / bound['gpu_hours']:.2f}",
+                    f"{r['pd_ratio'][0]:.2f}-{r['pd_ratio'][1]:.2f}",
+                    f"{r['prefill_range'][0]}-{r['prefill_range'][1]}",
+                    f"{r['decode_range'][0]}-{r['decode_range'][1]}", str(r["scale_events"])])
+    out.append(["oracle bound (P/D, per minute)", "-", "-", "-", f"{bound['gpu_hours']:.1f}", "1.00",
+                f"{bound['pd_ratio'][0]:.2f}-{bound['pd_ratio'][1]:.2f}",
+                f"{bound['prefill_range'][0]}-{bound['prefill_range'][1]}",
+                f"{bound['decode_range'][0]}-{bound['decode_range'][1]}", "-"])
+    return out
 
 
-def run_day(args) -> None:
-    """`bench/policies.py --workload pd-day [--hours 6] [--rate 3] [--seed 7] [--only ...] [--json F]`."""
+def table(rows: list[dict], bound: dict) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells(rows, bound)])
+
+
+def run_day(args) -> dict:
+    """`bench/pd_day.py [--hours 6] [--rate 3] [--seed 7] [--only ...] [--bounds] [--json F]` (or
+    `bench/policies.py --workload pd-day ...`): the rows, printed and (--json) written for bench/pages.py."""
+    import datetime
     import json
     import os
+    import sys
+
+    from pd_bounds import bound_rows, capacities, oracle_pd
 
     day = args.hours * 3600
     wl, long = day_workload(args.hours, args.rate, args.seed)
+    loads = [os.getloadavg()[0]]
     print(f"pd-day: {len(wl)} requests over {args.hours:g} h ({100 * long.mean():.0f}% summarisations; "
           f"prompt mean {wl.prompt.mean():.0f}, output mean {wl.output.mean():.0f} tokens); load "
-          f"{os.getloadavg()[0]:.1f}", flush=True)
+          f"{loads[0]:.1f}", flush=True)
     t = time.perf_counter()
     caps = capacities()
     print("capacity per replica (req/s): " + ", ".join(
         f"{k}: prefill {p:.2f}, decode {d:.2f}" for k, (p, d) in caps.items())
         + f" ({time.perf_counter() - t:.0f} s)", flush=True)
     bound = oracle_pd(wl, long, day, caps)
+
+    def log(r: dict) -> None:
+        loads.append(os.getloadavg()[0])
+        print(f"  {r['policy']}: {pct(r['ttft_attainment'])} TTFT, {pct(r['tpot_attainment'])} TPOT, "
+              f"{r['gpu_hours']:.1f} GPU-h, {r['wall_s']:.0f} s wall, load {loads[-1]:.1f}", flush=True)
+
     rows = []
     for name, (pre, dec) in policies().items():
-        if args.only and not any(name.startswith(o) for o in args.only):
+        if args.only is not None and not any(name.startswith(o) for o in args.only):
             continue
         rows.append(run_row(name, scenario(day, pre, dec), wl))
-        r = rows[-1]
-        print(f"  {name}: {pct(r['attainment'])} both, {r['gpu_hours']:.1f} GPU-h, {r['wall_s']:.0f} s wall, "
-              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        log(rows[-1])
     if getattr(args, "bounds", False):
-        rows += bound_rows(wl, day, bound)
-        for r in rows[-2:]:
-            print(f"  {r['policy']}: {pct(r['attainment'])} both, {r['gpu_hours']:.1f} GPU-h", flush=True)
+        rows += bound_rows(wl, day, bound, list(getattr(args, "headroom", None) or []), log)
     print(table(rows, bound))
+    result = {"command": "bench/pd_day.py " + " ".join(sys.argv[1:]),
+              "date": datetime.date.today().isoformat(),
+              "load": f"{min(loads):.1f}-{max(loads):.1f}", "columns": COLUMNS, "rows": cells(rows, bound),
+              "notes": [f"{len(wl)} requests over {args.hours:g} h at {args.rate:g} req/s on average, seed "
+                        f"{args.seed}; the simulator is deterministic (the numbers do not depend on the "
+                        "load, the wall times do). Capacities per replica (req/s, prefill / decode): "
+                        + "; ".join(f"{k} {p:.2f} / {d:.2f}" for k, (p, d) in caps.items()) + "."],
+              "hours": args.hours, "rate": args.rate, "seed": args.seed, "capacities": caps,
+              "bound": {k: v for k, v in bound.items() if k not in ("need", "billed")}, "raw": rows}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"hours": args.hours, "rate": args.rate, "seed": args.seed, "capacities": caps,
-                       "bound": {k: v for k, v in bound.items() if k not in ("need", "billed")},
-                       "rows": rows},
-                      f, indent=2)
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hours", type=float, default=6.0)
+    ap.add_argument("--rate", type=float, default=3.0, help="the mean request rate")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--only", nargs="*", default=None, help="run only the policy rows whose name starts so "
+                    "(none: no policy row)")
+    ap.add_argument("--bounds", action="store_true", help="also simulate the oracle plan and the reactive "
+                    "bounds (bench/pd_bounds.py)")
+    ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 2.0],
+                    help="with --bounds: the standing-headroom factors of the 30-s reactive bound")
+    ap.add_argument("--json", default=None, help="also write the results here (bench/pages.py renders them)")
+    run_day(ap.parse_args(argv))
+
+
+if __name__ == "__main__":  # the module by its import name, which bench/pd_bounds.py imports too
+    __import__("pd_day").main()

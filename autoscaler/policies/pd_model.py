@@ -35,6 +35,11 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
     drain_seconds: float = _o("drainSeconds", "drain_seconds", POS)
     burst_slope: str = _o("burstSlope", "burst_slope", {"enum": ["trend", "last", "onset"]})
     drop_on_fall: bool = _o("dropOnFall", "drop_on_fall", {"type": "boolean"})
+    burst_rise: float = _o("burstRise", "burst_rise", NONNEG)
+    burst_z: float = _o("burstZ", "burst_z", NONNEG)
+    burst_noise_floor: bool = _o("burstNoiseFloor", "burst_noise_floor", {"type": "boolean"},
+                                 "the burst test's spread is at least sqrt(rate / fastWindowSeconds), a "
+                                 "counted rate's Poisson noise")
     decode_ttft: float = _o("decodeTtftSeconds", "decode_ttft", {**NONNEG, "maximum": 3600},
                             "prefill role: the TTFT the prefill pool cannot shorten (transfer, decode "
                             "admission, first decode step), taken from the TTFT SLO")
@@ -45,6 +50,9 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
     prefill_threshold: float = _o("prefillThreshold", "prefill_threshold", {**NONNEG, "maximum": 1e7},
                                   "decode role: the router's P/D threshold; shorter prompts are prefilled "
                                   "on the decode pool and slow its steps (0: none)")
+    scale_down_headroom: float = _o("scaleDownHeadroom", "scale_down_headroom", {**NONNEG, "maximum": 10},
+                                    "hysteresis: the pool shrinks only to a count that would still meet its "
+                                    "target at (1 + this) x the rate (0: at the rate)")
     arrivals_query: str = _o("arrivalsQuery", "arrivals_query", {"type": "string"},
                              "PromQL for the router's arrival counter, read as the rate now (fast signal; "
                              "the prefill role takes its pool's share of it)")

@@ -78,8 +78,8 @@ def test_each_role_is_sized_on_its_own_work():
     assert steady(pol("decode", kv_tokens=50_000), 4.0, 8000, 500) > steady(pol("decode"), 4.0, 8000, 500)
     # short prompts the router sends whole to the decode pool are prefilled there: more decode replicas
     # for a chatty mix (800-token prompts, half of them under a 1024-token threshold), fewer without it
-    chat = steady(pol("decode"), 10.0, 800, 450)
-    assert steady(pol("decode", prefill_threshold=1024), 10.0, 800, 450) > chat
+    chat = steady(pol("decode"), 12.0, 800, 450)
+    assert steady(pol("decode", prefill_threshold=1024), 12.0, 800, 450) > chat
     assert steady(pol("decode", prefill_threshold=1024), 6.0, 20000, 450) == steady(pol("decode"), 6.0, 20000,
                                                                                      450)
     # the observed KV usage is a floor: 3 ready replicas at 95% with a 0.8 target -> 4
@@ -194,3 +194,69 @@ def test_the_decision_log_replays_to_the_same_decisions(role, tmp_path):
     replayed = list(csv.DictReader(io.StringIO(out.read_text())))
     key = ("time", "desired_replicas", "active", "reason")
     assert [tuple(r[k] for k in key) for r in logged] == [tuple(r[k] for k in key) for r in replayed]
+
+
+def test_the_prefill_tail_is_the_whole_ttft_not_two_percentiles_summed():
+    from autoscaler.pd_queue import prefill_miss, prefill_times
+
+    m = load_latency_model(MODEL)
+    times = prefill_times(m, 6000, 1.0)
+    assert len(times) > 10 and sorted(times) == times  # a quantile grid of the lognormal mix
+    mean_prompt = m.step_ms(6000, 6000, 0, 0) / 1000.0
+    assert sum(times) / len(times) > mean_prompt  # prefill grows faster than linearly with the prompt
+    # the miss probability falls with the count, rises with the rate; saturated is a sure miss
+    assert prefill_miss(times, 1.0, 3, 2.4) < prefill_miss(times, 1.0, 2, 2.4) < prefill_miss(times, 2.0, 2, 2.4)
+    assert prefill_miss(times, 10.0, 2, 2.4) == 1.0
+    # an idle pool misses only the prompts whose own prefill exceeds the budget
+    assert prefill_miss(times, 1e-9, 1, 2.4) == pytest.approx(sum(t > 2.4 for t in times) / len(times))
+    # 2 req/s of 6k-token prompts: the old rule (wait at p90 + a p90 prompt within the budget) asked
+    # for more replicas than the whole-TTFT tail does
+    pol = PdModelPolicy("prefill", SLOS, m, max_replicas=50, margin=0.1, decode_ttft=0.3)
+    new = pol.prefill_need(4.0, 6000, 1, 50)
+    budget = 3.0 * 0.9 - 0.3 - m.step_ms(6000 * 2.3026, 6000 * 2.3026, 0, 0) / 1000.0
+    old = next(n for n in range(1, 50) if prefill_wait(m, 4.0, n, 6000, 0.9, 1.0) <= budget)
+    assert new < old
+
+
+def test_decode_is_not_sized_at_the_edge_of_its_fold():
+    from autoscaler.pd_queue import decode_batch
+
+    m = load_latency_model(MODEL)
+    # one replica of 6k-token contexts: the mean batch has a fixed point at 2.2 req/s, the batch at its
+    # 90th percentile does not (one replica's random extra sequences would run the batch away)
+    assert decode_batch(m, 2.2, 6000, 150, 256) is not None
+    assert decode_batch(m, 2.2, 6000, 150, 256, z=1.2816, pool=1) is None
+    # pooled over more replicas the percentile's excess per replica shrinks
+    assert decode_batch(m, 2.0, 6000, 150, 256, z=1.2816, pool=8)[1] < decode_batch(m, 2.0, 6000, 150, 256,
+                                                                                     z=1.2816, pool=1)[1]
+    pol = PdModelPolicy("decode", SLOS, m, max_replicas=50)
+    assert steady(pol, 2.2, 6000, 150) == 2
+
+
+def test_the_measured_running_context_replaces_the_mean_mix():
+    m = load_latency_model(MODEL)
+    pol = PdModelPolicy("decode", SLOS, m, max_replicas=50, kv_tokens=450_000)
+    # 4 ready replicas at 20% KV with 60 running: 6,000 tokens a sequence
+    obs = Observation(0.0, 4, arrival_rate=5.0, num_running=60, kv_usage=0.2)
+    assert pol.running_context(obs) == pytest.approx(6000)
+    obs.num_running = 4  # too few sequences to say
+    assert pol.running_context(obs) is None
+    # a mixed phase: the means say 3,000-token prompts, the batch holds 1,900-token sequences (the
+    # chatty requests stay longest): fewer replicas than the means alone ask for
+    means = steady(PdModelPolicy("decode", SLOS, m, max_replicas=50), 6.0, 3000, 330)
+    measured = steady(pol, 6.0, 3000, 330, ready_replicas=4, num_running=80, kv_usage=80 * 1900 / 4 / 450_000)
+    assert measured < means
+
+
+def test_scale_down_headroom_holds_a_count_the_rate_nearly_needs():
+    m = load_latency_model(MODEL)
+
+    def run(h: float) -> int:
+        pol = PdModelPolicy("decode", SLOS, m, max_replicas=50, scale_down_delay=0.0, scale_down_headroom=h)
+        d = None
+        for k, rate in enumerate([8.0] * 4 + [5.0] * 4):
+            d = pol.decide(Observation(15.0 * k, d.desired_replicas if d else 1, arrival_rate=rate,
+                                       mean_prompt_tokens=2000, mean_output_tokens=500, num_waiting=0))
+        return d.desired_replicas
+
+    assert run(0.0) < run(0.6)
