@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from slopilot import plugins
+
 DESCRIPTION = "slopilot: autoscaling control plane and SLO simulator for LLM inference fleets"
 
 # name -> module implementing it; a module that is not present is simply not listed.
@@ -67,6 +69,7 @@ class _Version(argparse.Action):
 def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slopilot", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version)
+    parser.add_argument(plugins.FLAG, action="append", metavar="MODULE", dest="plugins", help=plugins.HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in modules.items():
         module = importlib.import_module(module_name)
@@ -78,6 +81,12 @@ def build_parser(modules: dict[str, str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:  # the user's own policy types, scorers and pickers, registered before anything reads them
+        names, argv = plugins.split_argv(argv)
+        loaded = plugins.load(names)
+    except plugins.PluginError as exc:
+        print(f"slopilot: error: {exc}", file=sys.stderr)
+        return 2
     modules = _available()
     # only import the chosen subcommand's module (others may import heavy libraries)
     if argv and argv[0] in modules:
@@ -87,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             argv = [argv[0], *prepare(argv[1:])]
     parser = build_parser(modules)
     args = parser.parse_args(argv)
+    late = [n for n in args.plugins or [] if n not in loaded]  # given after another global option
+    if late:
+        try:
+            plugins.load(late)
+        except plugins.PluginError as exc:
+            print(f"slopilot: error: {exc}", file=sys.stderr)
+            return 2
     if not getattr(args, "command", None):
         parser.print_help()
         return 0

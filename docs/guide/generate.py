@@ -300,6 +300,14 @@ def table(schema: dict, meanings: dict, defaults: dict, prefix: str = "", collap
     return "\n".join(lines) + "\n"
 
 
+PLUGINS = ("{what}. Any `slopilot` command imports such modules before it runs: `slopilot --plugin MODULE "
+           "COMMAND ...` (repeatable, before the command) or `SLOPILOT_PLUGINS=mod1,mod2`; a module name "
+           "on the import path (the current folder, `PYTHONPATH`, an installed package), not a file path. "
+           "One that fails to import stops the command with its name and the reason; the processes the "
+           "command starts import them too (the planner's local workers; not a Ray cluster's) "
+           "(`slopilot/plugins.py`).\n\n")
+
+
 def scenario_page() -> str:
     return (HEADER.format(source="simulator/scenario_schema.py") + "# Scenario file reference\n\n"
             "Every key a scenario file may hold; anything else is an error naming the file, line and field "
@@ -307,6 +315,11 @@ def scenario_page() -> str:
             "[../guide.md](../guide.md) for how to use them). `pools[]` is each item of the list. Limits "
             "that bound memory and time are in `simulator/scenario_limits.py`; combinations are checked too "
             "(expected requests, scrapes, timeline rows and autoscaler polls over the run).\n\n"
+            + PLUGINS.format(what="`router.policy` and `router.weights` list the registered pickers and "
+                             "scorers, and a router config's plugin types are theirs (`routing/scorers.py`, "
+                             "`routing/pickers.py`). A scorer or picker of your own is a module that calls "
+                             "`register_scorer` or `register_picker` when imported "
+                             "(`tests/routing/toy_router_plugins.py`)")
             + table(SCENARIO, SCENARIO_MEANINGS, _scenario_defaults()))
 
 
@@ -317,7 +330,12 @@ def spec_page() -> str:
     return (HEADER.format(source="autoscaler/schema.py") + "# Policy spec reference\n\n"
             "The same YAML drives `slopilot replay`, `slopilot simulate` (a pool's `autoscaler.spec`) and "
             "`slopilot control` (and the CRD in `deploy/crds/`, derived from the same schema).\n\n"
-            f"## InferenceAutoscaler (`apiVersion: {ia['apiVersion']['const']}`)\n\n"
+            + PLUGINS.format(what="`spec.policy.type` lists the registered policy types "
+                             "(`autoscaler/policies/`). A type of your own is a module that calls "
+                             "`autoscaler.registry.register` when imported, with its options dataclass "
+                             "(`tests/autoscaler/toy_policy.py`); its options block then appears under "
+                             "`spec.policy`")
+            + f"## InferenceAutoscaler (`apiVersion: {ia['apiVersion']['const']}`)\n\n"
             + table({"properties": {"spec": ia["spec"]}}, spec_meanings, {})
             + "\nThe `spec.policy.keda` block takes the ScaledObject's KEDA fields below.\n\n"
             f"## KEDA ScaledObject (`apiVersion: {SCALED_OBJECT['properties']['apiVersion']['const']}`), "

@@ -10,6 +10,7 @@ its return value is the task's answer. The driver keeps every worker busy across
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import multiprocessing
 import os
@@ -54,6 +55,15 @@ def replicas_over_time(timeline: list[dict]) -> list[list[float]]:
     return [rows[t] for t in sorted(rows)]
 
 
+def import_plugins() -> None:
+    """A fresh worker imports the user's plugin modules (policy types, scorers, pickers) that the command
+    loaded: `slopilot --plugin` leaves their names in SLOPILOT_PLUGINS (slopilot.plugins), and the spawn
+    brings the parent's import path."""
+    for name in os.environ.get("SLOPILOT_PLUGINS", "").split(","):
+        if name.strip():
+            importlib.import_module(name.strip())
+
+
 class SerialRunner:
     """Runs each job in this process when asked for a finished one (tests, --workers 1)."""
 
@@ -84,7 +94,7 @@ class PoolRunner:
 
     def __init__(self, workers: int):
         ctx = multiprocessing.get_context("spawn")
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=import_plugins)
 
     def submit(self, job: Job):
         return self.pool.submit(run_job, job)

@@ -1,6 +1,7 @@
 """A toy policy type, declared in this one module and nowhere else: one replica per `queuePerReplica`
 waiting requests (plus one). Importing the module registers it; tests/autoscaler/test_policy_registry.py shows
-the schema, the CRD, the reference page, replay, simulate and control --once all take it."""
+the schema, the CRD, the reference page, replay, simulate and control --once all take it, and
+tests/slopilot/test_plugins.py the same commands in separate processes (`slopilot --plugin MODULE`)."""
 
 from __future__ import annotations
 

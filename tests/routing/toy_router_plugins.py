@@ -1,6 +1,7 @@
 """A toy scorer and a toy picker, declared in this one module and nowhere else. Importing it registers
 them; tests/routing/test_router_registry.py shows the simulated router, the scenario schema, the router's
-EndpointPickerConfig and `slopilot route` all take them.
+EndpointPickerConfig and `slopilot route` all take them; tests/slopilot/test_plugins.py loads it into
+separate `slopilot` processes (`--plugin tests.routing.toy_router_plugins`).
 
 * `fullest` (plugin type `fullest-cache-scorer`): the KV-cache usage itself, so the fullest replica
   wins (bin packing; the built-in kv scorer prefers the emptiest).
