@@ -9,8 +9,8 @@ import pytest
 from controlplane.batch_load import BatchLoad, BatchSubmitter
 from controlplane.loadgen import LoadSpec, RequestRecord, summarize
 from controlplane.router.app import build_router_app
-from controlplane.router.config import RouterConfig
 from controlplane.router.server import RouterServer
+from routing.config import RouterConfig
 from tests.fake_engine import FakeEngine
 
 
