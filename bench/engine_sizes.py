@@ -1,10 +1,12 @@
 """Ours against real vLLM on the random Llamas of bench/bench_models.py (`engine_throughput.py --sizes`).
 
 Workloads: W1 = 64 prompts x 100 tokens -> 32 output tokens, W2 = 256 x 100 -> 128, azure = 256
-Azure-conversation requests scaled by 1/8. Each repeat runs, per size and dtype, ours on the chosen
-workloads (one process per run) and vLLM on them (one process, one engine start), the two in
-alternating order between repeats so a drift in the machine's load favours neither. Both engines
-get max_num_seqs 256 and room for every request at full length in their KV cache.
+Azure-conversation requests scaled by 1/8. A cell is (size, workload); each is run quiet and/or
+beside a controlled background load (N busy processes, bench/engine_background.py, running only
+during each engine's timed generate). Each repeat runs, per size and dtype, ours on the size's cells
+(one process per run) and vLLM on them (one process, one engine start, every cell and load in it),
+the two in alternating order between repeats so a drift in the machine's load favours neither.
+Both engines get max_num_seqs 256 and room for every request at full length in their KV cache.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench_models import hf_config, model_dir
+from engine_background import background
 from engine_inputs import azure_mix, run_vllm, warmup_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +64,9 @@ def kv_gib(size: str, dtype: str, loads: dict) -> int:
 
 
 def ours_child(spec_path: str) -> None:
-    """One run of ours in this process: prints {"tok_s", "cpu_tok_s", "backend"} as JSON."""
+    """One run of ours in this process, beside spec["background"] busy processes during the timed
+    generate: prints {"tok_s", "cpu_tok_s", "load", "backend", "threads"} as JSON."""
+    import torch
 
     from engine import LLM, SamplingParams
 
@@ -70,17 +75,21 @@ def ours_child(spec_path: str) -> None:
     llm = LLM(spec["model"], max_num_seqs=MAX_NUM_SEQS, dtype=spec["dtype"])
     llm.generate(warmup_prompts(spec["seed"]), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
-    t, c = time.perf_counter(), time.process_time()
-    results = llm.generate(prompts, params)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    with background(spec.get("background", 0)):
+        t, c = time.perf_counter(), time.process_time()  # this process only: not the busy ones
+        results = llm.generate(prompts, params)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        load = os.getloadavg()[0]
     assert [len(r.token_ids) for r in results] == list(outs)
-    print(json.dumps({"tok_s": sum(outs) / wall, "cpu_tok_s": sum(outs) / cpu,
-                      "backend": llm.engine.runner.backend.name}), flush=True)
+    print(json.dumps({"tok_s": sum(outs) / wall, "cpu_tok_s": sum(outs) / cpu, "load": load,
+                      "backend": llm.engine.runner.backend.name, "threads": torch.get_num_threads()}),
+          flush=True)
 
 
-def run_ours(path: Path, prompts, outs, dtype: str, seed: int, threads: int | None) -> dict:
+def run_ours(path: Path, prompts, outs, dtype: str, seed: int, threads: int | None, busy: int = 0) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"model": str(path), "dtype": dtype, "prompts": prompts, "outputs": outs, "seed": seed}, f)
+        json.dump({"model": str(path), "dtype": dtype, "prompts": prompts, "outputs": outs, "seed": seed,
+                   "background": busy}, f)
     cmd = [sys.executable, str(ROOT / "bench" / "engine_throughput.py"), "--ours-once", f.name]
     if threads:
         cmd += ["--threads", str(threads)]
@@ -91,55 +100,105 @@ def run_ours(path: Path, prompts, outs, dtype: str, seed: int, threads: int | No
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(sizes: list[str], dtypes: list[str], names: list[str], repeats: int, seed: int,
-            json_path: str | None, threads: int | None) -> None:
+def parse_cells(sizes: list[str], names: list[str], cells: str | None) -> list[tuple[str, str]]:
+    """(size, workload) pairs: "tiny:W2,80m:W1" when cells is given, else every size x workload."""
+    if not cells:
+        return [(s, n) for s in sizes for n in names]
+    out = []
+    for cell in cells.split(","):
+        size, sep, name = cell.partition(":")
+        if not sep:
+            raise SystemExit(f"--cells: {cell!r} is not SIZE:WORKLOAD (e.g. 80m:W1)")
+        hf_config(size)  # raises on an unknown size
+        out.append((size, name))
+    return out
 
-    runs: dict[tuple[str, str, str, str], list[tuple[float, float, float]]] = {}
 
-    def record(size, dtype, name, engine, r) -> None:
-        load = os.getloadavg()[0]
-        runs.setdefault((size, dtype, name, engine), []).append((r["tok_s"], r["cpu_tok_s"], load))
-        print(f"  {size:5s} {dtype:9s} {name:6s} {engine:5s} {r['tok_s']:8.1f} tok/s "
-              f"({r['cpu_tok_s']:7.1f} per CPU-s), load {load:.1f}", flush=True)
+def label(busy: int) -> str:
+    return "quiet" if busy == 0 else f"{busy} busy"
 
+
+def compare(cells: list[tuple[str, str]], dtypes: list[str], busies: list[int], repeats: int, seed: int,
+            json_path: str | None, threads: int | None) -> list[dict]:
+    """Ours against vLLM on each cell, dtype and background load (busies: busy processes, 0 = none);
+    returns the medians (and writes them, with every run, to json_path)."""
+    Run = tuple[float, float, float]  # (tok/s, tok per CPU-s, load average at the run's end)
+    runs: dict[tuple[str, str, str, int, str], list[Run]] = {}
+    started = time.time()
+
+    def record(size, dtype, name, busy, engine, r) -> None:
+        runs.setdefault((size, dtype, name, busy, engine), []).append((r["tok_s"], r["cpu_tok_s"], r["load"]))
+        print(f"  {size:5s} {dtype:9s} {name:6s} {label(busy):7s} {engine:5s} {r['tok_s']:8.1f} tok/s "
+              f"({r['cpu_tok_s']:7.1f} per CPU-s), load {r['load']:.1f}, {time.time() - started:.0f} s",
+              flush=True)
+
+    sizes = list(dict.fromkeys(s for s, _ in cells))
     for rep in range(repeats):
+        order = busies if rep % 2 == 0 else busies[::-1]
         for size in sizes:
             cfg = hf_config(size)
             path = model_dir(size)
-            loads = workloads(names, seed, cfg["vocab_size"], cfg["max_position_embeddings"])
+            loads = workloads([n for s, n in cells if s == size], seed, cfg["vocab_size"],
+                              cfg["max_position_embeddings"])
             for dtype in dtypes:
                 def ours() -> None:
                     for name, (prompts, outs) in loads.items():
-                        record(size, dtype, name, "ours", run_ours(path, prompts, outs, dtype, seed, threads))
+                        for busy in order:
+                            record(size, dtype, name, busy, "ours",
+                                   run_ours(path, prompts, outs, dtype, seed, threads, busy))
 
                 def vllm() -> None:
-                    specs = [{"name": k, "prompts": p, "outputs": o, "max_num_seqs": MAX_NUM_SEQS}
-                             for k, (p, o) in loads.items()]
+                    specs = [{"name": f"{k}@{busy}", "prompts": p, "outputs": o, "max_num_seqs": MAX_NUM_SEQS,
+                              "background": busy} for k, (p, o) in loads.items() for busy in order]
                     got = run_vllm(str(path), specs, dtype, 1, seed=seed, kv_gib=kv_gib(size, dtype, loads))
-                    for name, r in got["runs"].items():
-                        record(size, dtype, name, "vllm",
-                               {"tok_s": r["tok_s"][0], "cpu_tok_s": r["cpu_tok_s"][0]})
+                    for key, r in got["runs"].items():
+                        name, _, busy = key.rpartition("@")
+                        record(size, dtype, name, int(busy), "vllm",
+                               {"tok_s": r["tok_s"][0], "cpu_tok_s": r["cpu_tok_s"][0], "load": r["load"][0]})
 
                 for engine in ((ours, vllm) if rep % 2 == 0 else (vllm, ours)):
                     engine()
     print(f"\nmedian output tokens/s over {repeats} interleaved runs (per CPU-second in brackets), "
-          f"load average at the runs' ends in brackets after the ratio")
+          f"the load average at the runs' ends after the ratio; {time.time() - started:.0f} s in all")
     medians = []
-    for size in sizes:
+    for size, name in cells:
         for dtype in dtypes:
-            for name in names:
-                o, v = runs[size, dtype, name, "ours"], runs[size, dtype, name, "vllm"]
+            for busy in busies:
+                o, v = runs[size, dtype, name, busy, "ours"], runs[size, dtype, name, busy, "vllm"]
                 ow, oc, vw, vc = (statistics.median(x[i] for x in xs) for xs, i in
                                   ((o, 0), (o, 1), (v, 0), (v, 1)))
-                loads_seen = [x[2] for x in o + v]
-                medians.append({"size": size, "dtype": dtype, "workload": name, "ours": ow, "vllm": vw,
-                                "ratio": ow / vw, "ours_per_cpu_s": oc, "vllm_per_cpu_s": vc,
-                                "load_min": min(loads_seen), "load_max": max(loads_seen)})
-                print(f"  {size:5s} {dtype:9s} {name:6s} ours {ow:8.1f} [{oc:7.1f}]  "
+                seen = [x[2] for x in o + v]
+                medians.append({"size": size, "workload": name, "dtype": dtype, "background": busy,
+                                "ours": ow, "vllm": vw, "ratio": ow / vw, "ours_per_cpu_s": oc,
+                                "vllm_per_cpu_s": vc, "load_min": min(seen), "load_max": max(seen)})
+                print(f"  {size:5s} {dtype:9s} {name:6s} {label(busy):7s} ours {ow:8.1f} [{oc:7.1f}]  "
                       f"vLLM {vw:8.1f} [{vc:7.1f}]  ours/vLLM {ow / vw:5.2f}x [{oc / vc:.2f}x]  "
-                      f"load {min(loads_seen):.1f}-{max(loads_seen):.1f}")
+                      f"load {min(seen):.1f}-{max(seen):.1f}")
     if json_path:
-        rows = [{"size": s, "dtype": d, "workload": n, "engine": e, "tok_s": w, "per_cpu_s": c, "load": ld}
-                for (s, d, n, e), xs in runs.items() for w, c, ld in xs]
-        Path(json_path).write_text(json.dumps({"argv": sys.argv, "repeats": repeats, "medians": medians,
-                                               "runs": rows}, indent=1))
+        write_json(json_path, medians, runs, repeats, time.time() - started)
+    return medians
+
+
+def write_json(path: str, medians: list[dict], runs: dict, repeats: int, seconds: float) -> None:
+    """The medians and every run, as the results file bench/pages.py renders on the page."""
+    from pages import write_result
+
+    def each(key: tuple, i: int) -> str:
+        return ", ".join(f"{x[i]:.0f}" for x in runs[key])
+
+    rows = []
+    for m in medians:
+        key = (m["size"], m["dtype"], m["workload"], m["background"])
+        rows.append([m["size"], m["workload"], m["dtype"], label(m["background"]), round(m["ours"], 1),
+                     round(m["vllm"], 1), f"{m['ratio']:.2f}x",
+                     f"{m['ours_per_cpu_s'] / m['vllm_per_cpu_s']:.2f}x",
+                     f"{m['load_min']:.1f}-{m['load_max']:.1f}", each((*key, "ours"), 0),
+                     each((*key, "vllm"), 0)])
+    write_result(path, ["size", "workload", "dtype", "background", "ours tok/s", "vLLM tok/s", "ours ÷ vLLM",
+                        "per CPU-second", "load average", "ours runs", "vLLM runs"], rows, [
+        f"Output tokens/s, medians of {repeats} interleaved runs, each engine run its own process (vLLM "
+        "0.32, CPU build, its defaults but max_num_seqs 256). \"2 busy\": two processes spinning, one "
+        "pinned to each core, each in a session of its own, during each timed run. The load average is "
+        "read at each run's end and includes them and whatever else ran. \"per CPU-second\": ours ÷ "
+        f"vLLM in output tokens per CPU-second of each engine's processes. {seconds / 60:.0f} minutes "
+        "in all."])

@@ -22,10 +22,17 @@ and the dtype) on those three workloads, per --dtypes, interleaved, and prints m
 With --sizes (tiny, 80m, 400m: random Llamas of bench/bench_models.py) it runs ours and vLLM on
 W1 (64 x 100 -> 32), W2 (256 x 100 -> 128) and the Azure mix, per size and dtype, each run in a
 process of its own, the two engines' order alternating between repeats; it prints medians, ours/vLLM
-and the load average of each run:
+and the load average of each run. --cells picks (size, workload) pairs instead; --background 0,2
+runs each cell quiet and beside 2 busy processes (one per core, a second tenant, only during each
+engine's timed run: bench/engine_background.py):
 
     .venv/bin/python bench/engine_throughput.py --sizes tiny,80m --workloads W1,W2 \
-        --dtypes float32,bfloat16 --repeats 3 [--json F]
+        --dtypes float32,bfloat16 --repeats 3 [--background 0,2] [--json F]
+    .venv/bin/python bench/engine_throughput.py --cells 80m:W1,tiny:W2 --background 0,2 --json F
+
+--table full|reduced is the whole ours-vs-vLLM table (bench/engine_table.sh runs it and renders the
+page): full = every size x workload, both dtypes, quiet and 2 busy, medians of 3 (hours); reduced =
+the same for 80m W1 and tiny W2 (the cells that fell behind under load).
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ from engine import LLM, SamplingParams  # noqa: E402
 MODEL = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
              rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, initializer_range=0.05)
+
+
+# --table: the cells of the must-show table (size:workload), all of them or the reduced set
+TABLES = {"full": ",".join(f"{s}:{w}" for s in ("tiny", "80m", "400m") for w in ("W1", "W2", "azure")),
+          "reduced": "80m:W1,tiny:W2"}
+ALL_DTYPES = "float32,bfloat16"
 
 
 def run_ours(path: str, prompts, outs, max_num_seqs: int, backend: str = "auto", dtype: str = "float32",
@@ -262,17 +275,24 @@ def main() -> None:
     ap.add_argument("--vllm", action="store_true", help="ours against vLLM on the three engine workloads "
                     "(max_num_seqs 256), per --dtypes, runs interleaved")
     ap.add_argument("--limit", type=int, help="with --vllm: only the first LIMIT requests of each workload")
-    ap.add_argument("--json", help="with --vllm: write the runs and medians to this file")
+    ap.add_argument("--json", help="with --vllm, --sizes, --cells or --table: write the runs and medians to "
+                    "this file (with --sizes/--cells/--table: a results file bench/pages.py renders)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--sizes", help="ours against vLLM on random models of these sizes (tiny, 80m, 400m), "
                     "workloads W1, W2, azure (--workloads filters), per --dtypes, each run its own process")
+    ap.add_argument("--cells", help="ours against vLLM on these SIZE:WORKLOAD pairs (e.g. 80m:W1,tiny:W2), "
+                    "per --dtypes, like --sizes")
+    ap.add_argument("--background", default="0", help="with --sizes/--cells: busy processes (one per core) "
+                    "beside each timed run, a list to run each load in turn (e.g. 0,2); default 0")
+    ap.add_argument("--table", choices=sorted(TABLES), help="the whole ours-vs-vLLM table (sets cells, "
+                    "dtypes, --background 0,2 and --repeats 3)")
     ap.add_argument("--ours-once", metavar="SPEC", help=argparse.SUPPRESS)  # a child run of --sizes
     ap.add_argument("--profile-decode", type=int, metavar="STEPS",
                     help="with --backends: cProfile this many decode steps of 256 sequences per backend")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.ours_once or args.sizes:
+    if args.ours_once or args.sizes or args.cells or args.table:
         import engine_sizes
 
         if args.ours_once:
@@ -280,9 +300,16 @@ def main() -> None:
             return
         if not VLLM_PY.exists():
             sys.exit(f"--sizes needs {VLLM_PY} (`make vllm` builds it)")
-        engine_sizes.compare(args.sizes.split(","), args.dtypes.split(","),
-                             args.workloads.split(",") if args.workloads else ["W1", "W2", "azure"],
-                             args.repeats, args.seed, args.json, args.threads)
+        if args.table:
+            args.cells, args.dtypes, args.background, args.repeats = TABLES[args.table], ALL_DTYPES, "0,2", 3
+        try:
+            busies = [int(b) for b in args.background.split(",")]
+        except ValueError:
+            sys.exit(f"--background: {args.background!r} is not a list of process counts (e.g. 0,2)")
+        names = args.workloads.split(",") if args.workloads else ["W1", "W2", "azure"]
+        cells = engine_sizes.parse_cells((args.sizes or "").split(","), names, args.cells)
+        engine_sizes.compare(cells, args.dtypes.split(","), busies, args.repeats, args.seed, args.json,
+                             args.threads)
         return
     if args.backends and args.profile_decode:
         profile_decode(args.backends.split(","), args.dtypes.split(",")[0], args.profile_decode, args.seed)

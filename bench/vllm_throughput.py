@@ -4,25 +4,32 @@ bench/engine_throughput.py with the vLLM environment's Python, never imported by
     .venv-vllm/bin/python bench/vllm_throughput.py SPEC.json
 
 SPEC.json: {"model": DIR, "dtype": "float32", "repeats": 1, "warmup": [[ids]], "llm": {extra LLM
-keyword arguments}, "runs": [{"name": str, "prompts": [[ids]], "outputs": [n], "max_num_seqs": n}]}.
+keyword arguments}, "runs": [{"name": str, "prompts": [[ids]], "outputs": [n], "max_num_seqs": n,
+"background": busy processes beside the timed run, optional}]}.
 Runs sharing a max_num_seqs share one `vllm.LLM`, built once (in the runs' order). Prints one JSON
-line: {"runs": {name: {"tok_s": [...], "cpu_tok_s": [...]}}, "max_num_batched_tokens": {seqs: n}}.
-CPU time is this process's and its children's (vLLM's engine core and workers), user + system.
+line: {"runs": {name: {"tok_s": [...], "cpu_tok_s": [...], "load": [...]}}, "max_num_batched_tokens":
+{seqs: n}}. CPU time is this process's and its children's (vLLM's engine core and workers, not the
+busy processes), user + system; the load average is read as each timed run ends.
 The model directory needs no tokenizer: prompts are token ids and nothing is detokenized.
 """
 
 import json
+import os
 import sys
 import time
 
+from engine_background import background
 
-def cpu_seconds() -> float:
-    """User + system CPU of this process and all its live descendants."""
+
+def cpu_seconds(exclude: frozenset[int] = frozenset()) -> float:
+    """User + system CPU of this process and all its live descendants but the pids in exclude."""
     import psutil
 
     me = psutil.Process()
     total = 0.0
     for p in [me, *me.children(recursive=True)]:
+        if p.pid in exclude:
+            continue
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -51,14 +58,18 @@ def main() -> None:
         for run in (r for r in spec["runs"] if r["max_num_seqs"] == seqs):
             prompts, params = requests(run["prompts"], run["outputs"])
             for _ in range(spec["repeats"]):
-                t, c = time.perf_counter(), cpu_seconds()
-                results = llm.generate(prompts, params, use_tqdm=False)
-                elapsed, cpu = time.perf_counter() - t, cpu_seconds() - c
+                with background(run.get("background", 0)) as busy:
+                    skip = frozenset(b.pid for b in busy)
+                    t, c = time.perf_counter(), cpu_seconds(skip)
+                    results = llm.generate(prompts, params, use_tqdm=False)
+                    elapsed, cpu = time.perf_counter() - t, cpu_seconds(skip) - c
+                    load = os.getloadavg()[0]
                 got = [len(r.outputs[0].token_ids) for r in results]
                 assert got == run["outputs"], "vLLM generated other lengths than asked"
-                res = out.setdefault(run["name"], {"tok_s": [], "cpu_tok_s": []})
+                res = out.setdefault(run["name"], {"tok_s": [], "cpu_tok_s": [], "load": []})
                 res["tok_s"].append(sum(got) / elapsed)
                 res["cpu_tok_s"].append(sum(got) / cpu)
+                res["load"].append(load)
         del llm
     print(json.dumps({"runs": out, "max_num_batched_tokens": budgets}), flush=True)
 
