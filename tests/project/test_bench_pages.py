@@ -32,7 +32,7 @@ WITHOUT_RESULTS = {
     "batch_isolation.md": "its --json comes with the batch benches' own change",
     # being run now, one at a time on the shared machine (this list shrinks as each lands)
     "blackbox_calibration.md": "pending",
-    "sim_fidelity.md": "pending",
+
 }
 
 
