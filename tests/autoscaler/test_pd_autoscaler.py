@@ -205,7 +205,8 @@ def test_the_prefill_tail_is_the_whole_ttft_not_two_percentiles_summed():
     mean_prompt = m.step_ms(6000, 6000, 0, 0) / 1000.0
     assert sum(times) / len(times) > mean_prompt  # prefill grows faster than linearly with the prompt
     # the miss probability falls with the count, rises with the rate; saturated is a sure miss
-    assert prefill_miss(times, 1.0, 3, 2.4) < prefill_miss(times, 1.0, 2, 2.4) < prefill_miss(times, 2.0, 2, 2.4)
+    fewer, base, busier = (prefill_miss(times, r, c, 2.4) for r, c in ((1.0, 3), (1.0, 2), (2.0, 2)))
+    assert fewer < base < busier
     assert prefill_miss(times, 10.0, 2, 2.4) == 1.0
     # an idle pool misses only the prompts whose own prefill exceeds the budget
     assert prefill_miss(times, 1e-9, 1, 2.4) == pytest.approx(sum(t > 2.4 for t in times) / len(times))
