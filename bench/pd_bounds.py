@@ -81,7 +81,7 @@ def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
 
 
 def spikes(day: float) -> list[dict]:
-    return [{"at": day * f, "duration": 300} for f in (0.25, 0.66)]
+    return [{"at": day * f, "duration": 300} for f in day_mod.BURSTS]
 
 
 def reactive_steps(need: np.ndarray, day: float, detect: float, headroom: float = 1.0) -> list[dict]:
