@@ -39,8 +39,10 @@ def test_every_page_opens_with_a_results_block_or_says_why_not():
     assert not missing, f"pages without a results block (add one, or a reason to WITHOUT_RESULTS): {missing}"
     for page in pages.PAGES.glob("*.md"):
         text = page.read_text()
-        if pages.BLOCK.search(text):
+        if pages.BLOCK.search(text):  # the current result first, the dated history (if any) below it
             assert text.index("## Current result") < text.index("<!-- results: "), page.name
+            history = text.find("## History")
+            assert history == -1 or history > text.rindex("<!-- /results -->"), page.name
 
 
 def test_the_check_catches_a_stale_table_and_a_bad_file(tmp_path):
