@@ -137,7 +137,8 @@ def main() -> int:
     for (kind, q) in dict.fromkeys(k[:2] for k in times):
         c, i, p = (median_ms(times[(kind, q, w)]) for w in ("cli", "inproc", "prom"))
         print(f"{kind:8} {c:8.1f} {i:8.1f} {p:8.2f} {c / p:9.0f} {i / p:11.0f}  {q[:70]}")
-        rows.append([f"{kind} `{q}`", round(c), round(i), round(p, 1)])
+        span = {rq: f", {(b - a) / 3600:.2g} h every {st} s" for rq, a, b, st in ranged}.get(q, "")
+        rows.append([f"{kind} `{q}`" + (span if kind == "range" else ""), round(c), round(i), round(p, 1)])
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         from bench.pages import write_result
