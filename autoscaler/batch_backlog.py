@@ -79,6 +79,18 @@ def interactive(obs: Observation) -> Observation:
     return dataclasses.replace(obs, arrival_rate=rate, **mix)
 
 
+def with_mix(obs: Observation) -> Observation:
+    """obs with the mean prompt/output tokens read by the mix queries (triggers mix_prompt_tokens and
+    mix_output_tokens), where they gave a positive number."""
+    mix = {}
+    for field, name in (("mean_prompt_tokens", "mix_prompt_tokens"),
+                        ("mean_output_tokens", "mix_output_tokens")):
+        v = obs.metrics.get(name)
+        if v is not None and not math.isnan(v) and v > 0:
+            mix[field] = float(v)
+    return dataclasses.replace(obs, **mix) if mix else obs
+
+
 def line_shape(obs: Observation, prompt: float, output: float) -> tuple[float, float]:
     """A batch line's mean (prompt, output) tokens from the answered ones; the given ones before."""
     lines = value(obs, "batch_answered")

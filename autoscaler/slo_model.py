@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from autoscaler.batch_backlog import BacklogOptions, BatchBacklog, interactive
+from autoscaler.batch_backlog import BacklogOptions, BatchBacklog, interactive, with_mix
 from autoscaler.forecast import Demand, DemandOptions
 from autoscaler.observation import Observation
 from autoscaler.policy import Decision, Policy
@@ -156,6 +156,8 @@ class SloModelPolicy(Policy):
         prompt_cv: float = 1.0,
         demand: DemandOptions | None = None,
         backlog: BacklogOptions | None = None,
+        prompt_tokens_query: str = "",
+        output_tokens_query: str = "",
         **demand_options,
     ):
         if not slos:
@@ -174,6 +176,7 @@ class SloModelPolicy(Policy):
             raise ValueError("give demand=DemandOptions(...) or its keywords, not both")
         self.forecast = Demand(demand or DemandOptions(**demand_options), startup_delay, polling_interval)
         self.recs: list[list[float]] = []  # [time, recommendation]
+        self.mix_queries = bool(prompt_tokens_query or output_tokens_query)
         self.backlog = None  # a live batch backlog (autoscaler.batch_backlog), when its query is given
         if backlog is not None and backlog.backlog_query:
             self.backlog = BatchBacklog(backlog, startup_delay, polling_interval,
@@ -197,6 +200,8 @@ class SloModelPolicy(Policy):
     def decide(self, obs: Observation) -> Decision:
         if self.backlog is not None:  # size the interactive part alone; the batch has its own term
             obs = interactive(obs)
+        if self.mix_queries:  # the length mix from the router, in place of the engines'
+            obs = with_mix(obs)
         no_mix = obs.mean_prompt_tokens is None or obs.mean_output_tokens is None
         # a fleet that served and is now idle finishes no request, so it has no length mix; it needs
         # none to size for nothing (before any decision the count given at start is kept instead)

@@ -262,4 +262,12 @@ class LocalRun:
         (self.out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if self.final_frame is not None:
             (self.out / "dashboard.txt").write_text(self.final_frame)
+        if self.load_result is not None:  # one row a request: when it was sent, its latencies
+            import csv
+
+            with open(self.out / "requests.csv", "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["start_s", "status", "prompt_tokens", "tokens", "ttft_s", "e2e_s"])
+                w.writerows([round(r.start, 3), r.status, r.prompt_tokens, r.tokens, r.ttft, r.e2e]
+                            for r in sorted(self.load_result.records, key=lambda r: r.start))
         return s

@@ -71,6 +71,14 @@ class SloModelOptions:  # field names are SloModelPolicy's keywords and DemandOp
                                 "PromQL for the batch band's gateway queue")
     batch_deadline: float = _o("batchDeadlineSeconds", "batch_deadline", POS,
                                "the batch band's queue is provisioned to drain in half of this")
+    # the length mix from the router (one band's), in place of the engines' (which count every band)
+    prompt_tokens_query: str = _o("promptTokensQuery", "prompt_tokens_query", STR,
+                                  "PromQL for a request's mean prompt tokens, read in place of the engines' "
+                                  "mix (e.g. a band's slopilot_router_request_tokens_total over its "
+                                  "arrivals)")
+    output_tokens_query: str = _o("outputTokensQuery", "output_tokens_query", STR,
+                                  "PromQL for a request's mean output tokens, read in place of the engines' "
+                                  "mix")
     # a live Batch API's backlog (autoscaler.batch_backlog): deferred to its deadline, or served at arrival
     batch_backlog_query: str = _o("batchBacklogQuery", "batch_backlog_query", STR,
                                   "PromQL for the batch lines not yet answered (the router's "
@@ -100,6 +108,7 @@ SIGNALS = {"arrivals_query": "arrivals", "queue_query": "queue", "batch_arrivals
            "batch_queue_query": "batch_queue"}
 
 
+SIGNALS.update({"prompt_tokens_query": "mix_prompt_tokens", "output_tokens_query": "mix_output_tokens"})
 SIGNALS.update({f"batch_{attr}": name for attr, name in BACKLOG_SIGNALS.items()})
 
 

@@ -194,6 +194,8 @@ class BatchRunner:
             body = json.dumps(data)
         raw = body.encode()
         self.gate.metrics.arrived(model, self.priority)
+        self.gate.metrics.tokens(self.priority, tokens,
+                                 data.get("max_completion_tokens", data.get("max_tokens")))
         server_errors = 0
         for attempt in itertools.count():
             if attempt:

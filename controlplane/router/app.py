@@ -161,6 +161,7 @@ class RouterApp:
             return json_error(conn, exc.status, str(exc), exc.kind)
         st.metrics.arrived(model, priority)
         hashes, tokens = st.reader.read(request_prompt(data, PROXIED[req.path]))
+        st.metrics.tokens(priority, tokens, data.get("max_completion_tokens", data.get("max_tokens")))
         p = Pending(hashes, tokens, h.get(cfg.session_header), priority, model, time.monotonic())
         split = st.pd is not None and st.pd.decide(st.gate, p)  # before the pick records the prefix
         try:

@@ -8,6 +8,10 @@
     llm_d_epp_inflight_requests{endpoint_name}, llm_d_epp_inflight_tokens{endpoint_name}
     llm_d_epp_ready_endpoints{name}, llm_d_epp_per_endpoint_queue_size{name,model_server_endpoint}
     llm_d_epp_request_total{model_name,priority}                   arrivals
+    slopilot_router_request_tokens_total{priority,kind}            their prompt tokens (kind="prompt", the
+                                                                   router's count) and requested output
+                                                                   tokens ("max_output": max_tokens where
+                                                                   given): a band's length mix
     llm_d_epp_request_error_total{model_name,priority,error_code}
     llm_d_epp_request_ttft_seconds{model_name,priority,streaming}  from arrival to the first byte out
     llm_d_epp_scheduler_e2e_duration_seconds                       one filter-score-pick
@@ -53,6 +57,9 @@ class RouterMetrics:
                                     ["name", "model_server_endpoint"], registry=r)
         self.requests = Counter("llm_d_epp_request", "Requests received", ["model_name", "priority"],
                                 registry=r)
+        self.request_tokens = Counter("slopilot_router_request_tokens", "Prompt tokens (the router's "
+                                      "count) and requested output tokens of arriving requests",
+                                      ["priority", "kind"], registry=r)
         self.errors = Counter("llm_d_epp_request_error", "Requests answered with an error",
                               ["model_name", "priority", "error_code"], registry=r)
         self.ttft = Histogram("llm_d_epp_request_ttft_seconds", "From arrival to the first response byte",
@@ -84,6 +91,12 @@ class RouterMetrics:
 
     def arrived(self, model: str, priority: int) -> None:
         self.child(self.requests, model, str(priority)).inc()
+
+    def tokens(self, priority: int, prompt: int, max_output) -> None:
+        """An arriving request's prompt tokens and its max_tokens (when a positive integer)."""
+        self.child(self.request_tokens, str(priority), "prompt").inc(prompt)
+        if isinstance(max_output, int) and not isinstance(max_output, bool) and max_output > 0:
+            self.child(self.request_tokens, str(priority), "max_output").inc(max_output)
 
     def first_byte(self, p, streaming: bool, seconds: float) -> None:
         self.child(self.ttft, p.model, str(p.priority), "true" if streaming else "false").observe(seconds)

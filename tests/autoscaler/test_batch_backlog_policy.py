@@ -4,7 +4,7 @@ deadline (after a grace period), and the comparison mode that serves the backlog
 
 import pytest
 
-from autoscaler.batch_backlog import BacklogOptions, interactive
+from autoscaler.batch_backlog import BacklogOptions, interactive, with_mix
 from autoscaler.observation import Observation
 from autoscaler.slo import SloTarget
 from autoscaler.slo_model import SloModelPolicy
@@ -93,3 +93,16 @@ def test_the_spec_names_and_their_triggers():
     assert built.backlog is not None and built.backlog.o.serve == "arrival"
     with pytest.raises(ValueError, match="batchServe"):
         BacklogOptions("q", serve="later")
+
+
+def test_the_mix_read_from_the_router_replaces_the_engines():
+    o = obs(0, inter=2.0, lines=30.0)
+    o.metrics.update(mix_prompt_tokens=610.0, mix_output_tokens=float("nan"))
+    got = with_mix(o)
+    assert got.mean_prompt_tokens == 610.0 and got.mean_output_tokens == o.mean_output_tokens
+    p = SloModelPolicy(SLOS, MODEL, max_replicas=8, prompt_tokens_query="q", output_tokens_query="q2",
+                       backlog=BacklogOptions("b"))
+    # the engines' rate is all batch lines (a new replica's series undercounts): the router's mix stands
+    o = obs(0, inter=0.0, lines=30.0, backlog=500, left=300)
+    o.metrics.update(mix_prompt_tokens=600.0, mix_output_tokens=100.0, arrivals=0.0)
+    assert "no arrival rate" not in p.decide(o).reason

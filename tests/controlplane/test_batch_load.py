@@ -4,6 +4,7 @@ file it uploads, and a submission through a live router's Batch API followed to 
 import json
 import time
 
+import httpx
 import pytest
 
 from controlplane.batch_load import BatchLoad, BatchSubmitter
@@ -50,6 +51,7 @@ def test_a_batch_submitted_at_its_second_is_followed_to_completed():
             t0 = time.time()
             sub = BatchSubmitter(spec, router.url, t0, poll=0.2)
             out = sub.run()
+            page = httpx.get(router.url + "/metrics", trust_env=False).text
     finally:
         eng.stop()
     assert out["status"] == "completed", out
@@ -57,6 +59,9 @@ def test_a_batch_submitted_at_its_second_is_followed_to_completed():
     assert 0.5 <= out["created_s"] < out["ended_s"] <= out["deadline_s"]
     assert out["deadline_s"] == pytest.approx(out["created_s"] + 60)
     assert out["done_by_deadline"] and sub.finished.is_set()
+    # the lines' tokens on the router's per-band counter (20 lines of 4 prompt and 2 output tokens)
+    assert 'slopilot_router_request_tokens_total{kind="prompt",priority="0"} 80.0' in page, page
+    assert 'slopilot_router_request_tokens_total{kind="max_output",priority="0"} 40.0' in page
 
 
 def test_an_unreachable_router_is_reported_not_raised():
