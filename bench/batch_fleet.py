@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def replayed_equal(run: Path, model: str) -> tuple[int, int]:
 def run_one(out: Path, serve: str, duration: float) -> dict:
     """One live run of the example under `serve`; its measured figures."""
     run = out / serve
+    shutil.rmtree(run, ignore_errors=True)  # an older run's decision log and policy state would be reused
     cfg = fleet_file(out / f"{serve}-spec", serve)
     log = out / f"{serve}.log"
     with open(log, "w") as f:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from controlplane.assemble import build_loop
+from controlplane.batch_load import BatchSubmitter
 from controlplane.controller import AutoscalerLoop, Controller
 from controlplane.dashboard import Dashboard
 from controlplane.fleet import LocalFleet
@@ -54,7 +55,8 @@ class PDLocalRun(LocalRun):
         prefill, decode = self.pools["prefill"], self.pools["decode"]
         self.router = RouterServer(build_router_app(cfg.router, decode.endpoints, pool_name=cfg.name,
                                                     state_dir=str(out / "router"),
-                                                    pd=PDSettings(prefill.endpoints, pd.threshold)))
+                                                    pd=PDSettings(prefill.endpoints, pd.threshold),
+                                                    batch_engine_priority=cfg.batch_engine_priority))
         self.router.start()
         sd_file = out / "prometheus_targets.json"
         self._merge_targets(sd_file)
@@ -82,6 +84,9 @@ class PDLocalRun(LocalRun):
         if self.with_load and cfg.load is not None:
             self.load = LoadGenerator(cfg.load, lambda: [self.router.url])
             self._thread(self._run_load)
+            if cfg.load.batch is not None:
+                self.batch = BatchSubmitter(cfg.load.batch, self.router.url, time.time())
+                self._thread(self.batch.run)
         return self
 
     def _loop(self, role: str, pool, selector: str) -> AutoscalerLoop:
@@ -128,6 +133,9 @@ class PDLocalRun(LocalRun):
                          for role, p in pd.pools().items()}}
         if self.load_result is not None:
             out["requests"] = self.load_result.summary()
+        if self.batch is not None:
+            out["batch"] = self.batch.result()
+        out["gpu_seconds"] = self.gpu_seconds()  # both pools
         return out
 
 

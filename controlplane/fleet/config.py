@@ -102,8 +102,10 @@ def finish(cfg: FleetConfig, doc: Document, base: Path) -> FleetConfig:
     cfg.router = router_of(doc, base)
     if "batch_engine_priority" in d:
         cfg.batch_engine_priority = int(d["batch_engine_priority"])
-    for key, what in (("batch_engine_priority", "the router's batch lines"), ("load", "a load with a batch")):
-        if cfg.router is None and key in d and (key != "load" or cfg.load.batch is not None):
-            where = ("load", "batch") if key == "load" else (key,)
-            raise doc.error(where, f"{what} need the fleet's router (router: true)")
+    if cfg.router is None and "pd" not in d:  # a P/D fleet runs its router anyway
+        if "batch_engine_priority" in d:
+            raise doc.error(("batch_engine_priority",), "the router's batch lines need the fleet's router "
+                            "(router: true)")
+        if cfg.load is not None and cfg.load.batch is not None:
+            raise doc.error(("load", "batch"), "a load with a batch needs the fleet's router (router: true)")
     return cfg

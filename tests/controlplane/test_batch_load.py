@@ -68,3 +68,21 @@ def test_an_unreachable_router_is_reported_not_raised():
     spec = BatchLoad.parse({"lines": 1, "completion_window": "60s", "model": "m"})
     out = BatchSubmitter(spec, "http://127.0.0.1:9", time.time()).run()
     assert out["status"] == "submit failed" and "ConnectError" in out["error"]
+
+
+def test_a_fleet_batch_needs_the_router():
+    from controlplane.fleet import load_fleet_config
+
+    trigger = {"type": "prometheus",
+               "metadata": {"serverAddress": "http://x", "query": "q", "threshold": "1"}}
+    so = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "a"},
+          "spec": {"scaleTargetRef": {"name": "a"}, "triggers": [trigger]}}
+    plain = {"arrivals": {"rate": 1}, "duration": 5}
+    fleet = {"emulate": "h100-llama2-70b-tp4", "max_replicas": 2, "autoscaler": so,
+             "load": {**plain, "batch": {"lines": 2, "completion_window": "1h"}}}
+    with pytest.raises(ValueError, match="load.batch: a load with a batch needs the fleet's router"):
+        load_fleet_config(fleet)
+    with pytest.raises(ValueError, match="batch_engine_priority: the router's batch lines need"):
+        load_fleet_config({**fleet, "load": plain, "batch_engine_priority": 1})
+    cfg = load_fleet_config({**fleet, "router": True, "batch_engine_priority": 1})
+    assert cfg.batch_engine_priority == 1 and cfg.load.batch.lines == 2
