@@ -10,6 +10,9 @@
   that sees a burst no earlier and sizes at the measured capacities has no more capacity in the burst's
   first minutes. D = 0 is the limit of any policy without foresight; D = 30 the earliest a 15-s scrape
   read by a 15-s poll can show it.
+* reactive bound (seen at its start, 40 a pool ordered): as at D = 0, but ordering the most replicas
+  a pool may have: what is late then is what the replicas already there leave late in the startup
+  delay (engine queues do not migrate), which no capacity ordered at the burst's start can undo.
 * reactive bound (30 s) + standing headroom x h: outside the bursts ceil(h x the plan) per pool, the
   cost of absorbing a burst's first minutes with idle capacity instead of foresight (as
   bench/policies.py does for the aggregated bursty day).
@@ -84,14 +87,16 @@ def spikes(day: float) -> list[dict]:
     return [{"at": day * f, "duration": 300} for f in day_mod.BURSTS]
 
 
-def reactive_steps(need: np.ndarray, day: float, detect: float, headroom: float = 1.0) -> list[dict]:
+def reactive_steps(need: np.ndarray, day: float, detect: float, headroom: float = 1.0,
+                   order: int | None = None) -> list[dict]:
     """A pool's reactive bound: the oracle's per-minute plan, blind to each burst until `detect` s after
-    its start, then the burst's peak need ordered at once; outside the bursts ceil(headroom x plan)."""
+    its start, then the burst's peak need (or `order` replicas) ordered at once; outside the bursts
+    ceil(headroom x plan)."""
     blind, extra = need.copy(), []
     for s in spikes(day):
         m0, m1 = int(s["at"] // 60), int(math.ceil((s["at"] + s["duration"]) / 60))
         blind[m0:m1] = need[m0 - 1]
-        extra.append((s["at"] + detect, s["at"] + s["duration"], int(need[m0:m1].max())))
+        extra.append((s["at"] + detect, s["at"] + s["duration"], order or int(need[m0:m1].max())))
     return plan_steps(np.ceil(lead_max(blind) * headroom - 1e-9), extra)
 
 
@@ -101,6 +106,9 @@ def bound_plans(bound: dict, day: float, headrooms: list[float]) -> dict[str, di
     plans = {"oracle plan (simulated)": {r: plan_steps(np.array(bound["billed"][r])) for r in ROLES},
              "reactive bound (burst seen at its start)": {
                  r: reactive_steps(need[r], day, 0.0) for r in ROLES},
+             # what no capacity ordered at the burst's start can undo: it is ready 2 minutes later
+             f"reactive bound (seen at its start, {day_mod.MAX_REPLICAS} a pool ordered)": {
+                 r: reactive_steps(need[r], day, 0.0, order=day_mod.MAX_REPLICAS) for r in ROLES},
              "reactive bound (burst seen 30 s after its start)": {
                  r: reactive_steps(need[r], day, 30.0) for r in ROLES}}
     for h in headrooms:

@@ -123,6 +123,12 @@ def policies() -> dict[str, tuple[dict, dict]]:
         "ours (pdModel per pool)": (
             ia("prefill", {"type": "pdModel", "pdModel": {**OURS, "role": "prefill"}}, polling=5),
             ia("decode", {"type": "pdModel", "pdModel": {**OURS, **DECODE}}, polling=5)),
+        # the same with hysteresis on the decode pool: it shrinks only to a count that would hold 1.15x
+        # the rate (a replica more when a burst finds it)
+        "ours + decode hysteresis (scaleDownHeadroom 0.15)": (
+            ia("prefill", {"type": "pdModel", "pdModel": {**OURS, "role": "prefill"}}, polling=5),
+            ia("decode", {"type": "pdModel", "pdModel": {**OURS, **DECODE, "scaleDownHeadroom": 0.15}},
+               polling=5)),
     }
 
 
@@ -217,7 +223,6 @@ def run_day(args) -> dict:
     import datetime
     import json
     import os
-    import sys
 
     from pd_bounds import bound_rows, capacities, oracle_pd
 
@@ -248,7 +253,7 @@ def run_day(args) -> dict:
     if getattr(args, "bounds", False):
         rows += bound_rows(wl, day, bound, list(getattr(args, "headroom", None) or []), log)
     print(table(rows, bound))
-    result = {"command": "bench/pd_day.py " + " ".join(sys.argv[1:]),
+    result = {"command": f"bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
               "load": f"{min(loads):.1f}-{max(loads):.1f}", "columns": COLUMNS, "rows": cells(rows, bound),
               "notes": [f"{len(wl)} requests over {args.hours:g} h at {args.rate:g} req/s on average, seed "
