@@ -8,7 +8,10 @@ deadline (the live Batch API's metrics, controlplane.batch.metrics, read as trig
     batch_prompt_tokens, batch_output_tokens  rates of batch_request_{prompt,generation}_tokens_total
 
 The engines' aggregates count batch lines with interactive requests; the answered lines' rate and
-token rates are taken out of them first, so the interactive rate and length mix are sized alone, and
+token rates are taken out of them first, so the interactive rate and length mix are sized alone (a
+fallback: a replica that has just started has a counter series whose windowed rate undercounts, so
+the difference can fall to nothing; the sloModel's promptTokensQuery/outputTokensQuery, the router's
+count of one band's tokens, replace that mix and are what a spec should read), and
 while a backlog is left the engines' waiting requests are taken as its lines (up to the backlog):
 batch lines wait at an engine by design, and interactive requests that must wait show in the
 gateway's queue (queueQuery) once the engines saturate.

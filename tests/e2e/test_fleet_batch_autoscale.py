@@ -4,7 +4,9 @@ batch lines as background work) under an interactive burst while a 1,000-line ba
 runs, once with the sloModel's deadline rule and once serving the batch at arrival, on the same arrivals
 for the same run length (bench/batch_fleet.py runs both). The deadline rule holds the interactive SLO,
 finishes the batch by its deadline, costs fewer GPU-seconds than serving at arrival, and each decision
-log replays to the same decisions row for row."""
+log replays to the same decisions row for row. Measured (load 6.0-6.6): 8 min 24 s; deadline 1,766 vs
+arrival 2,296 GPU-s, TTFT p90 143 / 122 ms, TPOT p90 44.6 / 34.5 ms (SLO 500 / 50), batch done at 78 /
+33 s of a 210-s deadline."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from bench.batch_fleet import run_pair
 DURATION = 240.0
 
 
-@pytest.mark.slow  # about 10 minutes: two 240-s fleet runs with their starts, drains and replays
+@pytest.mark.slow  # about 8-10 minutes: two 240-s fleet runs with their starts, drains and replays
 @pytest.mark.timeout(1500)
 def test_deadline_rule_holds_the_slo_meets_the_deadline_and_costs_less(tmp_path):
     runs = run_pair(tmp_path, DURATION)
