@@ -9,6 +9,7 @@ live dashboard. Ctrl-C stops everything it started.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "run a local fleet of engines with Prometheus and the controller (fleet up FLEET.yaml)"
 
@@ -28,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--rate-window", type=float, default=ControllerArgs.window,
                     help="seconds of the rates the policy reads")
     up.add_argument("--no-dashboard", action="store_true", help="print one line per scale instead")
+    up.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier run in --out (its decision logs, state and summary)")
 
 
 def serve_flags() -> set[str]:
@@ -40,10 +43,33 @@ def serve_flags() -> set[str]:
     return flags - {"help", "version"}
 
 
+def earlier_run(out: str) -> list[str]:
+    """What an earlier run left in the run folder: its decision logs, its policy state, its summary."""
+    folder = Path(out)
+    if not folder.is_dir():
+        return []
+    names = ("decisions*.csv", "state", "summary.json", "requests.csv")
+    return sorted({p.name for pattern in names for p in folder.glob(pattern)})
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def run(args: argparse.Namespace) -> int:
     from controlplane.fleet import load_fleet_config
 
     cfg = load_fleet_config(args.fleet, engine_flags=serve_flags(), check_model=True)
+    earlier = earlier_run(args.out)
+    if earlier and not args.overwrite:
+        raise SystemExit(f"slopilot fleet up: error: --out {args.out} holds an earlier run "
+                         f"({', '.join(earlier)}); "
+                         "a new run would append to its decision log and resume its policy state: "
+                         "give another --out, or --overwrite to replace it")
+    for name in earlier:
+        _remove(Path(args.out) / name)
     return run_fleet(cfg, args.out, args.duration, not args.no_load, args.rate_window, not args.no_dashboard)
 
 
