@@ -125,11 +125,17 @@ def build_step(shape: StepShape, blocks: list[int], block_size: int, vocab_size:
     return seqs, news
 
 
-def time_step(runner, seqs: list[Sequence], news: list[int], repeats: int, warmup: int) -> list[float]:
-    """Milliseconds of runner.execute per repeat (CUDA events on GPU, wall clock on CPU)."""
+def time_step(runner, seqs: list[Sequence], news: list[int], repeats: int, warmup: int,
+              clock: str = "wall") -> list[float]:
+    """Milliseconds of runner.execute per repeat (CUDA events on GPU, wall clock on CPU).
+
+    clock "cpu" (CPU, one torch thread) times the calling thread's CPU time instead: what the step
+    costs, without the time other processes on a shared machine hold the core (on a quiet machine
+    the two agree)."""
     import torch
 
     cuda = runner.device.type == "cuda"
+    now = time.thread_time if clock == "cpu" and not cuda else time.perf_counter
     for _ in range(warmup):
         runner.execute(seqs, news)
     times = []
@@ -143,9 +149,9 @@ def time_step(runner, seqs: list[Sequence], news: list[int], repeats: int, warmu
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            t0 = time.perf_counter()
+            t0 = now()
             runner.execute(seqs, news)
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append((now() - t0) * 1e3)
     for seq in seqs:
         runner.release(seq.request_id)
     return times
@@ -185,7 +191,8 @@ def zero_kv(runner) -> None:
 
 
 def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_name: str, dtype: str,
-                 repeats: int, warmup: int = 1, seed: int = 0, on_row=None) -> list[dict]:
+                 repeats: int, warmup: int = 1, seed: int = 0, on_row=None, clock: str = "wall"
+                 ) -> list[dict]:
     """Measure every shape on runner; on_row(row) is called as each is measured."""
     rng = random.Random(seed)
     pool = list(range(runner.num_kv_blocks))
@@ -194,7 +201,7 @@ def profile_rows(runner, shapes: list[StepShape], *, device_name: str, model_nam
     rows = []
     for shape in shapes:
         seqs, news = build_step(shape, pool, runner.block_size, runner.config.vocab_size, rng)
-        times = time_step(runner, seqs, news, repeats, warmup)
+        times = time_step(runner, seqs, news, repeats, warmup, clock)
         batch = BatchShape(shape.prefill_tokens, shape.prefill_context, 1 if shape.prefill_tokens else 0,
                            shape.cached_tokens, shape.decode_seqs, shape.decode_seqs * shape.decode_len)
         rows.append(step_row(batch, times, device_name=device_name, model_name=model_name, dtype=dtype))

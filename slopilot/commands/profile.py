@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "free GPU memory on cuda, a quarter of RAM on cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice); 1 is steadiest on a busy machine")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="grid steps timed by the wall clock (default) or by the thread's CPU time "
+                        "(CPU, --threads 1: a step's cost without other processes' share of the core)")
     live = parser.add_argument_group("serving-run profile (--from-run)")
     live.add_argument("--from-run", action="store_true",
                       help="instead of the grid, time every step of a Poisson serving run through "
@@ -122,7 +125,10 @@ def metadata(runner, args, rows: int, started: float, load_before: tuple) -> dic
         "engine": {"attention_backend": runner.backend.name, "block_size": runner.block_size,
                    "num_kv_blocks": runner.num_kv_blocks, "max_num_seqs": args.max_num_seqs,
                    "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
-                   "timing": "CUDA events" if cuda else "time.perf_counter", "statistic": "median"},
+                   "timing": "CUDA events" if cuda else ("time.thread_time (CPU time)" if
+                                                         getattr(args, "clock", "wall") == "cpu" else
+                                                         "time.perf_counter"),
+                   "statistic": "median"},
         "git_commit": _git_commit(),
         "conditions": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                        "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
@@ -165,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
     started, load_before = time.time(), os.getloadavg()
     if args.max_num_seqs is None:
         args.max_num_seqs = 16 if args.quick else (256 if args.device == "cuda" else 64)
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1 or args.from_run):
+        raise ValueError("--clock cpu: grid profiles on --device cpu with --threads 1 only (one thread's "
+                         "CPU time is the step's; a serving run is timed by the wall clock)")
     if args.from_run:
         return run_live(args, started, load_before)
     if args.repeats is None:
@@ -219,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
 
         rows = prof.profile_rows(runner, shapes, device_name=args.device_name, model_name=config.name,
                                  dtype=dtype, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                                 on_row=on_row)
+                                 on_row=on_row, clock=args.clock)
     meta = metadata(runner, args, len(rows), started, load_before)
     meta["left_out_for_memory"] = [vars(s) for s in left_out]
     metadata_path(out).write_text(json.dumps(meta, indent=2) + "\n")

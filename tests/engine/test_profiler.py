@@ -109,3 +109,31 @@ def test_quick_profile_of_tiny(tmp_path):
     assert meta["model_config"]["name"] == "tiny" and meta["dtype"] == "float32" and meta["rows"] == len(rows)
     assert meta["torch"] and "triton" in meta and meta["engine"]["attention_backend"] in ("torch", "cpu")
     assert meta["conditions"]["torch_threads"] == 1 and "git_commit" in meta
+
+
+def test_cpu_clock_profile_of_tiny(tmp_path):
+    """--clock cpu times each step by the thread's CPU time: steps still cost what they compute
+    (a 256-token prefill more than a 16-token one), and the metadata says which clock."""
+    from slopilot.cli import main
+
+    out = tmp_path / "tiny-cpu.csv"
+    argv = ["profile", "--model", "tiny", "--quick", "--threads", "1", "--clock", "cpu", "--repeats", "1",
+            "--prefill-chunks", "16,256", "--cached-contexts", "0", "--decode-contexts", "64",
+            "--out", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    fresh = {int(r["prefill_tokens"]): float(r["latency_ms"]) for r in rows
+             if r["phase"] == "prefill" and r["cached_tokens"] == "0"}
+    assert 0 < fresh[16] < fresh[256]
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["engine"]["timing"].startswith("time.thread_time")
+
+
+@pytest.mark.parametrize("extra", [["--threads", "2"], [], ["--threads", "1", "--from-run"]])
+def test_cpu_clock_needs_one_thread_and_a_grid(tmp_path, capsys, extra):
+    from slopilot.cli import main
+
+    argv = ["profile", "--model", "tiny", "--quick", "--clock", "cpu", "--out", str(tmp_path / "p.csv"),
+            *extra]
+    assert main(argv) == 2
+    assert "--clock cpu" in capsys.readouterr().err
