@@ -2,7 +2,7 @@
 # The engine-speed table (ours against vLLM, quiet and beside 2 busy processes, medians of 3) and the
 # page it feeds: docs/benchmarks/engine_throughput.md opens with the table of the latest run.
 #
-#   bench/engine_table.sh reduced   # 80m W1 and tiny W2, both dtypes: about 20 minutes on a quiet 2-core machine
+#   bench/engine_table.sh reduced   # 80m W1 and tiny W2, both dtypes: est. 20-25 min on a quiet 2-core machine
 #   bench/engine_table.sh full      # every size (tiny, 80m, 400m) x workload (W1, W2, azure): hours
 #
 # Needs the vLLM environment (`make vllm`). Run it when nothing else runs: the busy processes are the
