@@ -13,6 +13,8 @@
 * reactive bound (seen at its start, 40 a pool ordered): as at D = 0, but ordering the most replicas
   a pool may have: what is late then is what the replicas already there leave late in the startup
   delay (engine queues do not migrate), which no capacity ordered at the burst's start can undo.
+* the same + prefill x2: and twice the plan's prefill replicas standing outside the bursts (the
+  prefill pool's standing capacity is what a burst's TTFT depends on).
 * reactive bound (30 s) + standing headroom x h: outside the bursts ceil(h x the plan) per pool, the
   cost of absorbing a burst's first minutes with idle capacity instead of foresight (as
   bench/policies.py does for the aggregated bursty day).
@@ -111,6 +113,11 @@ def bound_plans(bound: dict, day: float, headrooms: list[float]) -> dict[str, di
                  r: reactive_steps(need[r], day, 0.0, order=day_mod.MAX_REPLICAS) for r in ROLES},
              "reactive bound (burst seen 30 s after its start)": {
                  r: reactive_steps(need[r], day, 30.0) for r in ROLES}}
+    # the strongest no-foresight bound on TTFT at a given standing prefill pool: seen at its start, every
+    # replica ordered, twice the plan's prefill replicas standing
+    plans[f"reactive bound (seen at its start, {day_mod.MAX_REPLICAS} a pool ordered) + prefill x2"] = {
+        "prefill": reactive_steps(need["prefill"], day, 0.0, 2.0, order=day_mod.MAX_REPLICAS),
+        "decode": reactive_steps(need["decode"], day, 0.0, order=day_mod.MAX_REPLICAS)}
     for h in headrooms:
         plans[f"reactive bound (30 s) + standing headroom x{h:g}"] = {
             r: reactive_steps(need[r], day, 30.0, h) for r in ROLES}
