@@ -5,6 +5,7 @@ import inspect
 
 import pytest
 
+from autoscaler.batch_backlog import BacklogOptions
 from autoscaler.crd import crd
 from autoscaler.forecast import DemandOptions
 from autoscaler.kpa import KpaSpec
@@ -149,6 +150,9 @@ def test_schema_defaults_are_the_policy_classes():
         block = policy["properties"][ptype]["properties"]
         assert set(options) == set(block), f"{ptype}: every option maps to a keyword of {cls.__name__}"
         sig = {**_signature_defaults(cls), **_signature_defaults(DemandOptions)}  # the forecast's own
+        # and the batch backlog rule's (BacklogOptions), its fields named batch_<name> in the spec's options
+        sig.update({f"batch_{k}": v for k, v in _signature_defaults(BacklogOptions).items()
+                    if f"batch_{k}" not in sig})
         assert {options[k]: v for k, v in defaults_of(policy["properties"][ptype]).items()} == {
             kw: sig[kw] for kw in options.values()
         }
