@@ -131,7 +131,10 @@ def test_bfloat16_matches_reference(kernel):
     out = backend.forward(query, k_cache, v_cache, meta, 0.125, out=poisoned(query))
     assert out.dtype == torch.bfloat16
     err = rel_err(out, ref)
-    assert err < 1e-2, f"seed={seed} rel err {err}"
+    # bf16 keeps 8 significant bits: the output's and the reference's rounding each move an element by up
+    # to 2^-8 of its size, the kernel's bf16 probabilities about as much again. Over 80 seeds the largest
+    # error was 0.0077 (median 0.0053); a 1e-2 bar failed one run at 0.01005, so the bar is 4 x 2^-8.
+    assert err < 4 * 2**-8, f"seed={seed} rel err {err}"
 
 
 def test_write_kv_fills_only_the_given_slots():
