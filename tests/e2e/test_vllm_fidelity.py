@@ -130,7 +130,7 @@ def calibrate(url: str, out) -> LatencyModel:
     return LatencyModel.load(out)
 
 
-def compare(url: str, tmp_path, n: int, pairs: int) -> dict:
+def compare(url: str, tmp_path, n: int, pairs: int, record: str | None = None) -> dict:
     arrivals, prompt, output = workload(n, seed=0)
     errors: dict[str, list[float]] = {}
     for pair in range(pairs):
@@ -158,6 +158,16 @@ def compare(url: str, tmp_path, n: int, pairs: int) -> dict:
                       f"({100 * (s / r - 1):+.1f}%)")
     report = {k: float(np.median(v)) for k, v in errors.items()}
     print("median error over the pairs: " + json.dumps(report))
+    if record:  # docs/benchmarks/vllm_cpu.md's table, when asked for (bench/pages.py)
+        from bench.pages import record_from_test
+
+        record_from_test(record, ["measure", "sim / vLLM - 1, each pair", "median", "bar"],
+                         [[k.upper(), ", ".join(f"{100 * e:+.1f}%" for e in errors[k]), f"{100 * e:+.1f}%",
+                           f"{100 * (P50_TOL if k.endswith('p50') else P90_TOL):.0f}%"]
+                          for k, e in report.items()],
+                         [f"vllm-cpu serving the random 3.7M-parameter Llama, {n} Poisson requests, against "
+                          f"the simulator calibrated from its /metrics (calibrate --from-server); {pairs} "
+                          "calibrate-serve-simulate pairs."])
     return report
 
 
@@ -175,4 +185,4 @@ def test_vllm_calibrated_simulation_one_pair(vllm_server, tmp_path):
 
 @pytest.mark.slow
 def test_vllm_calibrated_simulation_three_pairs(vllm_server, tmp_path):
-    check(compare(vllm_server.url, tmp_path, 300, pairs=3))
+    check(compare(vllm_server.url, tmp_path, 300, pairs=3, record="vllm_cpu.json"))
