@@ -65,10 +65,12 @@ def run_live(args: argparse.Namespace) -> int:
     from autoscaler.series import read_series
     from autoscaler.spec import load_spec, make_policy
     from controlplane.fleet import load_fleet_config
-    from slopilot.commands.fleet import run_fleet
+    from slopilot.commands.fleet import clear_earlier_run, run_fleet
 
     cfg = load_fleet_config(args.fleet)
     out = Path(args.out)
+    # the demo's folder is its own: a second demo replaces the first (not appended to its decision log)
+    clear_earlier_run(str(out))
     rc = run_fleet(cfg, str(out), None, True, rate_window=20.0, dashboard=sys.stdout.isatty())
     # the decision log replays to the same decisions (the check `slopilot replay` does)
     spec_path = out / f"{cfg.autoscaler.name}.yaml"

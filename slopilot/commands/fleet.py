@@ -52,10 +52,13 @@ def earlier_run(out: str) -> list[str]:
     return sorted({p.name for pattern in names for p in folder.glob(pattern)})
 
 
-def _remove(path: Path) -> None:
+def clear_earlier_run(out: str) -> None:
+    """Removes what an earlier run left in the run folder (earlier_run's files); other files stay."""
     import shutil
 
-    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for name in earlier_run(out):
+        path = Path(out) / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,8 +71,7 @@ def run(args: argparse.Namespace) -> int:
                          f"({', '.join(earlier)}); "
                          "a new run would append to its decision log and resume its policy state: "
                          "give another --out, or --overwrite to replace it")
-    for name in earlier:
-        _remove(Path(args.out) / name)
+    clear_earlier_run(args.out)
     return run_fleet(cfg, args.out, args.duration, not args.no_load, args.rate_window, not args.no_dashboard)
 
 

@@ -46,3 +46,23 @@ def test_overwrite_removes_the_earlier_run_and_keeps_other_files(tmp_path, monke
     assert main(["fleet", "up", FLEET, "--out", str(tmp_path), "--overwrite"]) == 0
     assert started == [str(tmp_path)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_live_demo_replaces_its_own_earlier_run(tmp_path, monkeypatch):
+    """`demo --live` owns its folder: a second demo must not append to the first one's decision log (it
+    did: 50 rows replayed where one run writes 25)."""
+    from slopilot.commands import fleet
+
+    seen = []
+
+    def fake_run(cfg, out, *a, **k):
+        seen.append(sorted(p.name for p in Path(out).iterdir()))
+        raise SystemExit(0)  # stop before the replay check; what matters is the folder the run started in
+
+    monkeypatch.setattr(fleet, "run_fleet", fake_run)
+    (tmp_path / "decisions.csv").write_text("time,replicas\n1,1\n")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "report.html").write_text("the simulated demo's")
+    with pytest.raises(SystemExit):
+        main(["demo", "--live", "--out", str(tmp_path)])
+    assert seen == [["report.html"]]
