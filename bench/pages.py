@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def record_from_test(name: str, columns: list, rows: list, notes: list[str] | No
     if old.get("session") == session and old.get("columns") == list(columns):
         rows = old["rows"] + [list(r) for r in rows]
         notes = old.get("notes", []) + [n for n in notes or [] if n not in old.get("notes", [])]
-    args = " ".join(a for a in sys.argv[1:] if not a.startswith("--basetemp"))
+    args = shlex.join(a for a in sys.argv[1:] if not a.startswith("--basetemp"))  # copy-pasteable
     write_result(path, columns, rows, notes, command=f"SLOPILOT_RESULTS={where} pytest {args}",
                  session=session)
 

