@@ -24,6 +24,19 @@ from collections.abc import Iterator
 SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
+def busy_cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """User + system CPU the busy processes have used so far (what the second tenant got)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in procs:
+        try:
+            fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def cores() -> list[int]:
     """The cores this process may run on, in order."""
     return sorted(os.sched_getaffinity(0))

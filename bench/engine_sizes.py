@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench_models import hf_config, model_dir
-from engine_background import background
+from engine_background import background, busy_cpu_seconds
 from engine_inputs import azure_mix, run_vllm, warmup_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,14 +75,16 @@ def ours_child(spec_path: str) -> None:
     llm = LLM(spec["model"], max_num_seqs=MAX_NUM_SEQS, dtype=spec["dtype"])
     llm.generate(warmup_prompts(spec["seed"]), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
-    with background(spec.get("background", 0)):
-        t, c = time.perf_counter(), time.process_time()  # this process only: not the busy ones
+    with background(spec.get("background", 0)) as busy:
+        t, c, b = time.perf_counter(), time.process_time(), busy_cpu_seconds(busy)  # c: not the busy ones
         results = llm.generate(prompts, params)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
+        kept = (busy_cpu_seconds(busy) - b) / wall
         load = os.getloadavg()[0]
     assert [len(r.token_ids) for r in results] == list(outs)
     print(json.dumps({"tok_s": sum(outs) / wall, "cpu_tok_s": sum(outs) / cpu, "load": load,
-                      "backend": llm.engine.runner.backend.name, "threads": torch.get_num_threads()}),
+                      "busy_cores": kept, "backend": llm.engine.runner.backend.name,
+                      "threads": torch.get_num_threads()}),
           flush=True)
 
 
@@ -122,12 +124,14 @@ def compare(cells: list[tuple[str, str]], dtypes: list[str], busies: list[int], 
             json_path: str | None, threads: int | None) -> list[dict]:
     """Ours against vLLM on each cell, dtype and background load (busies: busy processes, 0 = none);
     returns the medians (and writes them, with every run, to json_path)."""
-    Run = tuple[float, float, float]  # (tok/s, tok per CPU-s, load average at the run's end)
+    # (tok/s, tok per CPU-s, load average at the run's end, cores the busy processes got meanwhile)
+    Run = tuple[float, float, float, float]
     runs: dict[tuple[str, str, str, int, str], list[Run]] = {}
     started = time.time()
 
     def record(size, dtype, name, busy, engine, r) -> None:
-        runs.setdefault((size, dtype, name, busy, engine), []).append((r["tok_s"], r["cpu_tok_s"], r["load"]))
+        runs.setdefault((size, dtype, name, busy, engine), []).append((r["tok_s"], r["cpu_tok_s"], r["load"],
+                                                                      r.get("busy_cores", 0.0)))
         print(f"  {size:5s} {dtype:9s} {name:6s} {label(busy):7s} {engine:5s} {r['tok_s']:8.1f} tok/s "
               f"({r['cpu_tok_s']:7.1f} per CPU-s), load {r['load']:.1f}, {time.time() - started:.0f} s",
               flush=True)
@@ -154,7 +158,8 @@ def compare(cells: list[tuple[str, str]], dtypes: list[str], busies: list[int], 
                     for key, r in got["runs"].items():
                         name, _, busy = key.rpartition("@")
                         record(size, dtype, name, int(busy), "vllm",
-                               {"tok_s": r["tok_s"][0], "cpu_tok_s": r["cpu_tok_s"][0], "load": r["load"][0]})
+                               {"tok_s": r["tok_s"][0], "cpu_tok_s": r["cpu_tok_s"][0], "load": r["load"][0],
+                                "busy_cores": r["busy_cores"][0]})
 
                 for engine in ((ours, vllm) if rep % 2 == 0 else (vllm, ours)):
                     engine()
@@ -165,15 +170,17 @@ def compare(cells: list[tuple[str, str]], dtypes: list[str], busies: list[int], 
         for dtype in dtypes:
             for busy in busies:
                 o, v = runs[size, dtype, name, busy, "ours"], runs[size, dtype, name, busy, "vllm"]
-                ow, oc, vw, vc = (statistics.median(x[i] for x in xs) for xs, i in
-                                  ((o, 0), (o, 1), (v, 0), (v, 1)))
+                ow, oc, ob, vw, vc, vb = (statistics.median(x[i] for x in xs) for xs, i in
+                                          ((o, 0), (o, 1), (o, 3), (v, 0), (v, 1), (v, 3)))
                 seen = [x[2] for x in o + v]
                 medians.append({"size": size, "workload": name, "dtype": dtype, "background": busy,
                                 "ours": ow, "vllm": vw, "ratio": ow / vw, "ours_per_cpu_s": oc,
-                                "vllm_per_cpu_s": vc, "load_min": min(seen), "load_max": max(seen)})
+                                "vllm_per_cpu_s": vc, "load_min": min(seen), "load_max": max(seen),
+                                "ours_busy_cores": ob, "vllm_busy_cores": vb})
                 print(f"  {size:5s} {dtype:9s} {name:6s} {label(busy):7s} ours {ow:8.1f} [{oc:7.1f}]  "
                       f"vLLM {vw:8.1f} [{vc:7.1f}]  ours/vLLM {ow / vw:5.2f}x [{oc / vc:.2f}x]  "
-                      f"load {min(seen):.1f}-{max(seen):.1f}")
+                      f"load {min(seen):.1f}-{max(seen):.1f}"
+                      + (f"  busy processes got {ob:.2f} / {vb:.2f} cores" if busy else ""))
     if json_path:
         write_json(json_path, medians, runs, repeats, time.time() - started)
     return medians
@@ -192,13 +199,23 @@ def write_json(path: str, medians: list[dict], runs: dict, repeats: int, seconds
         rows.append([m["size"], m["workload"], m["dtype"], label(m["background"]), round(m["ours"], 1),
                      round(m["vllm"], 1), f"{m['ratio']:.2f}x",
                      f"{m['ours_per_cpu_s'] / m['vllm_per_cpu_s']:.2f}x",
-                     f"{m['load_min']:.1f}-{m['load_max']:.1f}", each((*key, "ours"), 0),
+                     neighbour(m), f"{m['load_min']:.1f}-{m['load_max']:.1f}", each((*key, "ours"), 0),
                      each((*key, "vllm"), 0)])
     write_result(path, ["size", "workload", "dtype", "background", "ours tok/s", "vLLM tok/s", "ours ÷ vLLM",
-                        "per CPU-second", "load average", "ours runs", "vLLM runs"], rows, [
+                        "per CPU-second", "busy processes' cores, ours / vLLM", "load average", "ours runs",
+                        "vLLM runs"], rows, [
         f"Output tokens/s, medians of {repeats} interleaved runs, each engine run its own process (vLLM "
         "0.32, CPU build, its defaults but max_num_seqs 256). \"2 busy\": two processes spinning, one "
         "pinned to each core, each in a session of its own, during each timed run. The load average is "
         "read at each run's end and includes them and whatever else ran. \"per CPU-second\": ours ÷ "
-        f"vLLM in output tokens per CPU-second of each engine's processes. {seconds / 60:.0f} minutes "
-        "in all."])
+        f"vLLM in output tokens per CPU-second of each engine's processes. \"busy processes' cores\": the "
+        "CPU the busy processes got during the timed run (medians, in cores): what the second tenant kept "
+        f"beside each engine. {seconds / 60:.0f} minutes in all."])
+
+
+def neighbour(m: dict) -> str:
+    """The busy processes' cores beside ours and beside vLLM ("-" without busy processes, or in a
+    results file from before this was measured)."""
+    if not m["background"] or "ours_busy_cores" not in m:
+        return "-"
+    return f"{m['ours_busy_cores']:.2f} / {m['vllm_busy_cores']:.2f}"

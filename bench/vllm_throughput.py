@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from engine_background import background
+from engine_background import background, busy_cpu_seconds
 
 
 def cpu_seconds(exclude: frozenset[int] = frozenset()) -> float:
@@ -60,16 +60,19 @@ def main() -> None:
             for _ in range(spec["repeats"]):
                 with background(run.get("background", 0)) as busy:
                     skip = frozenset(b.pid for b in busy)
-                    t, c = time.perf_counter(), cpu_seconds(skip)
+                    t, c, b = time.perf_counter(), cpu_seconds(skip), busy_cpu_seconds(busy)
                     results = llm.generate(prompts, params, use_tqdm=False)
                     elapsed, cpu = time.perf_counter() - t, cpu_seconds(skip) - c
+                    kept = (busy_cpu_seconds(busy) - b) / elapsed
                     load = os.getloadavg()[0]
                 got = [len(r.outputs[0].token_ids) for r in results]
                 assert got == run["outputs"], "vLLM generated other lengths than asked"
-                res = out.setdefault(run["name"], {"tok_s": [], "cpu_tok_s": [], "load": []})
+                res = out.setdefault(run["name"], {"tok_s": [], "cpu_tok_s": [], "load": [],
+                                                    "busy_cores": []})
                 res["tok_s"].append(sum(got) / elapsed)
                 res["cpu_tok_s"].append(sum(got) / cpu)
                 res["load"].append(load)
+                res["busy_cores"].append(kept)
         del llm
     print(json.dumps({"runs": out, "max_num_batched_tokens": budgets}), flush=True)
 
