@@ -99,3 +99,22 @@ def test_mode_rules(monkeypatch):
         assert not native_bf16_matmul() or bf16.platform.machine().lower() in ("aarch64", "arm64")
     finally:
         native_bf16_matmul.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_pads_small_inputs_without_changing_rows(dtype):
+    """1-3 rows run as 4 (oneDNN's kernels for fewer rows are slower, see bf16.packed_linear): each
+    row comes out as it does in a 4-row call with other rows beside it, and as F.linear computes it."""
+    if not bf16.packing_available(dtype, torch.device("cpu")):
+        pytest.skip("no oneDNN packed linear here")
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 96).to(dtype), torch.randn(40).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+    x = torch.randn(4, 96).to(dtype)
+    four = bf16.packed_linear(x, packed, bias)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rows in (1, 2, 3):
+        out = bf16.packed_linear(x[:rows], packed, bias)
+        assert out.shape == (rows, 40) and out.is_contiguous()
+        assert torch.equal(out, four[:rows])
+        assert rel_err(out, F.linear(x[:rows].float(), weight.float(), bias.float())) < tol
