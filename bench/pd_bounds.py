@@ -1,4 +1,5 @@
-"""The P/D day's bounds (bench/pd_day.py): the oracle's per-minute plan and the reactive bounds.
+"""The P/D day's bounds (bench/pd_day.py; its setting from bench/pd_setup.py): the oracle's per-minute
+plan and the reactive bounds.
 
 * oracle bound: per minute, the fewest prefill and decode replicas for that minute's arrivals of each
   kind at the capacities a replica of each role sustains on each pure mix (steady runs of the planner's
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pd_day as day_mod
+import pd_setup as setup
 
 from simulator.planner.oracle import MINUTE, plan_steps
 from simulator.workload import Workload
@@ -41,18 +42,18 @@ def capacities(rate: float = 6.0) -> dict[str, tuple[float, float]]:
     from simulator.planner.sweep import SerialRunner, drive
 
     out = {}
-    for name, ((pm, pmed, pmax), (om, omed, omax)) in day_mod.MIXES.items():
-        pool = {k: v for k, v in day_mod.POOL.items() if k not in ("provisioning_delay", "cost_per_hour")}
+    for name, ((pm, pmed, pmax), (om, omed, omax)) in setup.MIXES.items():
+        pool = {k: v for k, v in setup.POOL.items() if k not in ("provisioning_delay", "cost_per_hour")}
         pool["kv_memory"] = {k: v for k, v in pool["kv_memory"].items() if k != "num_gpus"}
         plan = load_plan({
             "name": name, "seeds": [1], "duration": 600,
             "workload": {"arrivals": {"process": "gamma", "cv": 1.09, "rate": rate},
                          "prompt_tokens": {"dist": "lognormal", "mean": pm, "median": pmed, "max": pmax},
                          "output_tokens": {"dist": "lognormal", "mean": om, "median": omed, "max": omax}},
-            "slo": day_mod.SLO, "router": {"policy": "least_outstanding"},
-            "deployments": [{"name": "h100", **pool, "price_per_gpu_hour": 39.2 / day_mod.GPUS}],
+            "slo": setup.SLO, "router": {"policy": "least_outstanding"},
+            "deployments": [{"name": "h100", **pool, "price_per_gpu_hour": 39.2 / setup.GPUS}],
             "search": {"duration": 600, "peak_duration": 600, "max_duration": 1200, "drain": 300},
-            "pd": {k: v for k, v in day_mod.PD.items() if k not in ("prefill_pool", "decode_pool")}})
+            "pd": {k: v for k, v in setup.PD.items() if k not in ("prefill_pool", "decode_pool")}})
         lv = drive({"x": level_task(plan, rate, 1.0)}, SerialRunner())["x"]
         out[name] = (rate / lv["pd"]["prefill"], rate / lv["pd"]["decode"])
     return out
@@ -60,7 +61,7 @@ def capacities(rate: float = 6.0) -> dict[str, tuple[float, float]]:
 
 def lead_max(per_minute: np.ndarray) -> np.ndarray:
     """Each minute's count raised to the largest of the next startup delay's: started ahead."""
-    lead = int(math.ceil(day_mod.STARTUP / MINUTE))
+    lead = int(math.ceil(setup.STARTUP / MINUTE))
     return np.array([per_minute[k: k + lead + 1].max() for k in range(len(per_minute))])
 
 
@@ -77,7 +78,7 @@ def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
         needs[role] = np.maximum(1, np.ceil(work - 1e-9)).astype(int)
         out[role] = lead_max(needs[role])
     ratio = out["prefill"] / out["decode"]
-    return {"gpu_hours": float((out["prefill"] + out["decode"]).sum() / 60 * day_mod.GPUS),
+    return {"gpu_hours": float((out["prefill"] + out["decode"]).sum() / 60 * setup.GPUS),
             "pd_ratio": [float(ratio.min()), float(ratio.max())],
             "prefill_range": [int(out["prefill"].min()), int(out["prefill"].max())],
             "decode_range": [int(out["decode"].min()), int(out["decode"].max())],
@@ -86,7 +87,7 @@ def oracle_pd(wl: Workload, long: np.ndarray, day: float, caps: dict) -> dict:
 
 
 def spikes(day: float) -> list[dict]:
-    return [{"at": day * f, "duration": 300} for f in day_mod.BURSTS]
+    return [{"at": day * f, "duration": 300} for f in setup.BURSTS]
 
 
 def reactive_steps(need: np.ndarray, day: float, detect: float, headroom: float = 1.0,
@@ -109,28 +110,29 @@ def bound_plans(bound: dict, day: float, headrooms: list[float]) -> dict[str, di
              "reactive bound (burst seen at its start)": {
                  r: reactive_steps(need[r], day, 0.0) for r in ROLES},
              # what no capacity ordered at the burst's start can undo: it is ready 2 minutes later
-             f"reactive bound (seen at its start, {day_mod.MAX_REPLICAS} a pool ordered)": {
-                 r: reactive_steps(need[r], day, 0.0, order=day_mod.MAX_REPLICAS) for r in ROLES},
+             f"reactive bound (seen at its start, {setup.MAX_REPLICAS} a pool ordered)": {
+                 r: reactive_steps(need[r], day, 0.0, order=setup.MAX_REPLICAS) for r in ROLES},
              "reactive bound (burst seen 30 s after its start)": {
                  r: reactive_steps(need[r], day, 30.0) for r in ROLES}}
     # the strongest no-foresight bound on TTFT at a given standing prefill pool: seen at its start, every
     # replica ordered, twice the plan's prefill replicas standing
-    plans[f"reactive bound (seen at its start, {day_mod.MAX_REPLICAS} a pool ordered) + prefill x2"] = {
-        "prefill": reactive_steps(need["prefill"], day, 0.0, 2.0, order=day_mod.MAX_REPLICAS),
-        "decode": reactive_steps(need["decode"], day, 0.0, order=day_mod.MAX_REPLICAS)}
+    plans[f"reactive bound (seen at its start, {setup.MAX_REPLICAS} a pool ordered) + prefill x2"] = {
+        "prefill": reactive_steps(need["prefill"], day, 0.0, 2.0, order=setup.MAX_REPLICAS),
+        "decode": reactive_steps(need["decode"], day, 0.0, order=setup.MAX_REPLICAS)}
     for h in headrooms:
         plans[f"reactive bound (30 s) + standing headroom x{h:g}"] = {
             r: reactive_steps(need[r], day, 30.0, h) for r in ROLES}
     return plans
 
 
-def bound_rows(wl: Workload, day: float, bound: dict, headrooms: list[float], log=print) -> list[dict]:
+def bound_rows(wl: Workload, day: float, bound: dict, headrooms: list[float], log=print,
+               seed: int = 7) -> list[dict]:
     """The bound rows simulated: each pool on its schedule, the same day."""
     rows = []
     for name, steps in bound_plans(bound, day, headrooms).items():
         sched = {r: {"schedule": steps[r], "polling_interval": 5} for r in ROLES}
-        sc = day_mod.scenario(day, sched["prefill"], sched["decode"], steps["prefill"][0]["replicas"],
-                              steps["decode"][0]["replicas"])
-        rows.append(day_mod.run_row(name, sc, wl))
+        sc = setup.scenario(day, sched["prefill"], sched["decode"], steps["prefill"][0]["replicas"],
+                              steps["decode"][0]["replicas"], seed)
+        rows.append(setup.run_row(name, sc, wl))
         log(rows[-1])
     return rows
