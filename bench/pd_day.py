@@ -10,7 +10,9 @@ through a 6-hour day whose length mix shifts under the bursty rate, so the right
 
 Rows: HPA per pool on its own utilisation (prefill: requests in the pool per replica; decode: running
 sequences per replica), a fixed 1:1 P:D unit scaled as one on the whole fleet's requests, a Dynamo-style
-throughput planner (bench/pd_baselines.py), ours (pdModel on each pool), and the oracle bound: per
+throughput planner (bench/pd_baselines.py), ours (pdModel on each pool; the previous configuration
+kept beside it, and the same policy under a budget to compare with the planner at its cost), and the
+oracle bound (the day's setting and the bounds in bench/pd_setup.py and bench/pd_bounds.py): per
 minute, the fewest prefill and decode replicas for that minute's arrivals of each kind at the capacities
 a replica of each role sustains on each pure mix (measured by steady runs, simulator.planner.pd_plan),
 each started and billed a startup delay ahead. With --bounds, that plan simulated (each pool on a
@@ -30,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's packages
 import pd_baselines  # noqa: E402, F401  (registers throughputPlanner)
 from pd_bounds import bound_rows, capacities, oracle_pd  # noqa: E402
-from pd_setup import PD, day_workload, hpa, ia, run_row, scenario  # noqa: E402  (the day's setting)
+from pd_setup import PD, SLO, day_workload, hpa, ia, run_row, scenario  # noqa: E402  (the day's setting)
 
 # both pools read the router's arrival counter as their fast signal (the prefill pool its share of it)
 # a burst sized from the line through its whole rise so far (onset) past a counted rate's noise, not from
@@ -41,6 +43,20 @@ OURS = {"burstSlope": "onset", "burstNoiseFloor": True, "dropOnFall": True, "mar
         "arrivalsQuery": "sum(llm_d_epp_request_total)"}
 # the prompts under the router's threshold are prefilled on the decode pool
 DECODE = {"role": "decode", "prefillThreshold": PD["threshold"]}
+# each pool's headroom where its misses last: a decode batch pushed past its fold runs away and stays slow
+# after help arrives, so the decode pool keeps a replica on the way down (it shrinks only to a count that
+# would hold 1.15x the rate) in place of its 5% margin; a prefill queue drains once a replica is ready,
+# so the prefill pool lets replicas go after a 90-s window instead of 120 s (chosen on seed 7: see the page)
+PREFILL_OURS = {"scaleDownDelaySeconds": 90}
+DECODE_OURS = {"margin": 0.0, "scaleDownHeadroom": 0.15}
+LEAN_SLO = {"ttft": {"percentile": 50, "seconds": 2 * SLO["ttft"]["seconds"]},
+            "tpot": {"percentile": 50, "seconds": 2 * SLO["tpot"]["seconds"]}}
+
+
+def pd_model(role: str, extra: dict, **kw) -> dict:
+    """Our policy (pdModel) on one pool, OURS with `extra` on top; kw: ia's (max_replicas, slo)."""
+    base = {**OURS, "role": "prefill"} if role == "prefill" else {**OURS, **DECODE}
+    return ia(role, {"type": "pdModel", "pdModel": {**base, **extra}}, polling=5, **kw)
 
 
 def policies() -> dict[str, tuple[dict, dict]]:
@@ -55,17 +71,19 @@ def policies() -> dict[str, tuple[dict, dict]]:
         "throughput planner (Dynamo-style)": tuple(
             ia(r, {"type": "throughputPlanner", "throughputPlanner": {"role": r}}, polling=60)
             for r in ("prefill", "decode")),
-        "ours (pdModel per pool)": (
-            ia("prefill", {"type": "pdModel", "pdModel": {**OURS, "role": "prefill"}}, polling=5),
-            ia("decode", {"type": "pdModel", "pdModel": {**OURS, **DECODE}}, polling=5)),
-        # the same with hysteresis on the decode pool: it shrinks only to a count that would hold 1.15x
-        # the rate (a replica more when a burst finds it)
-        "ours + decode hysteresis (scaleDownHeadroom 0.15)": (
-            ia("prefill", {"type": "pdModel", "pdModel": {**OURS, "role": "prefill"}}, polling=5),
-            ia("decode", {"type": "pdModel", "pdModel": {**OURS, **DECODE, "scaleDownHeadroom": 0.15}},
-               polling=5)),
+        "ours (pdModel per pool)": (pd_model("prefill", PREFILL_OURS), pd_model("decode", DECODE_OURS)),
+        # the previous rows (kept for history): both pools at margin 0.05 and a 120-s window; and that
+        # with the decode hysteresis on top of the margin (over the cost target, 1.22x)
+        "ours before (margin 0.05 both pools, 120-s windows)": (
+            pd_model("prefill", {}), pd_model("decode", {})),
+        "ours before + decode hysteresis (scaleDownHeadroom 0.15)": (
+            pd_model("prefill", {}), pd_model("decode", {"scaleDownHeadroom": 0.15})),
+        # cost-matched with the throughput planner: the same policy under a budget (at most 2 prefill and
+        # 3 decode replicas) sized for a lean target (the median within twice each SLO)
+        "ours under a budget (max 2 prefill / 3 decode, sized for p50 at 2x the SLOs)": (
+            pd_model("prefill", {}, max_replicas=2, slo=LEAN_SLO),
+            pd_model("decode", {}, max_replicas=3, slo=LEAN_SLO)),
     }
-
 
 
 def pct(v) -> str:

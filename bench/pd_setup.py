@@ -66,12 +66,14 @@ def day_workload(hours: float, rate: float, seed: int) -> tuple[Workload, np.nda
     return Workload(times, prompt, output), long
 
 
-def ia(name: str, policy: dict, polling: int = 15) -> dict:
+def ia(name: str, policy: dict, polling: int = 15, max_replicas: int = MAX_REPLICAS,
+       slo: dict | None = None) -> dict:
+    """A pool's InferenceAutoscaler; `slo`: the target it sizes for (default the day's SLO)."""
     return {"spec": {"apiVersion": "slopilot.dev/v1alpha1", "kind": "InferenceAutoscaler",
                      "metadata": {"name": name},
-                     "spec": {"scaleTargetRef": {"name": name}, "minReplicas": 1, "maxReplicas": MAX_REPLICAS,
-                              "pollingInterval": polling, "startupDelaySeconds": int(STARTUP), "slo": SLO,
-                              "policy": policy}}}
+                     "spec": {"scaleTargetRef": {"name": name}, "minReplicas": 1, "maxReplicas": max_replicas,
+                              "pollingInterval": polling, "startupDelaySeconds": int(STARTUP),
+                              "slo": slo or SLO, "policy": policy}}}
 
 
 def hpa(name: str, query: str, per_replica: float) -> dict:
