@@ -3,6 +3,12 @@
 The fit minimises a soft-L1 (Huber-like) loss of log(predicted / measured) with scipy's bounded
 least squares: log residuals weigh every row by its relative error (what MAPE measures) and the
 robust loss caps the pull of outliers (a 3x straggler costs about as much as a 10% miss).
+
+Which law it fits is chosen by extrapolating inside the training rows (choose_law): past the weights'
+floor a decode step's linears rise either along the roofline through the origin (decode tokens priced
+like prefill tokens) or from the floor in a straight line with an intercept (decode tokens out of the
+roofline, the rise carried by the per-sequence and hinge terms, as small-row CPU GEMMs behave). A
+profile with two batches above the floor cannot tell them apart, and they extrapolate differently.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ LOSS_SCALE = 0.03  # relative error where the loss turns from quadratic to linea
 BOOSTED = ("overhead_ms", "prefill_token_ms")  # each gets a second start, ten times larger (see fit)
 ROOF_P = 8.0  # a near-sharp roofline knee; a fitted one trades off against the attention term
 HINGE_KNOTS = 3
+TIE = 1e-3  # validation errors (mean |log(pred/measured)|) this close are a tie: the full law is kept
 
 
 def _knots(values: np.ndarray, count: int) -> list[float]:
@@ -46,7 +53,7 @@ def _median_per_shape(shape: dict[str, np.ndarray], y: np.ndarray):
 class _Layout:
     """Maps the optimiser's vector (parameters of order one, all >= 0) to model parameters."""
 
-    def __init__(self, shape: dict[str, np.ndarray], y: np.ndarray):
+    def __init__(self, shape: dict[str, np.ndarray], y: np.ndarray, decode_roofline: bool = True):
         from simulator.latency.model import prefill_attention_work
 
         typical = float(np.median(y))
@@ -75,6 +82,8 @@ class _Layout:
                               + [0.02 * has_d] * 2 * len(self.knots["decode_knots"]))
         if not (attn > 0).any():
             self.start[COEFFS.index("prefill_attn_ms")] = 0.0
+        if not decode_roofline:  # decodes share the floor; their rise is per-sequence and hinge terms
+            self.start[COEFFS.index("decode_token_ms")] = 0.0
 
     def params(self, x: np.ndarray) -> dict:
         q = dict(zip(COEFFS, (x[: len(COEFFS)] * self.scale).tolist()))
@@ -104,12 +113,25 @@ def fit(profile: Profile, match_mean: bool = False) -> LatencyModel:
         raise ValueError(f"{profile.source}: rows of {len(groups)} (device, model, dtype, tp) groups "
                          f"{groups[:4]}; select one (e.g. --select \"tp == 4\")")
     shape, y = _median_per_shape(profile.step_shape(), profile.num["latency_ms"])
-    layout = _Layout(shape, y)
-    if len(y) < layout.size // 2:
+    if len(y) < _Layout(shape, y).size // 2:
         raise ValueError(f"{profile.source}: {len(y)} distinct step shapes is too few to fit the model")
-    log_y = np.log(y)
     key = groups[0]
+    params = _solve(shape, y, choose_law(shape, y))
+    fit_range = {
+        "phases": sorted(set(profile.text["phase"])),
+        "max_batch_size": int(profile.num["batch_size"].max()),
+        "max_num_tokens": int(profile.num["num_tokens"].max()),
+        "max_context_tokens": int(profile.num["context_tokens"].max()),
+    }
+    if match_mean:
+        params = scale_params(params, mean_scale(LatencyModel(*key, params), profile))
+    return LatencyModel(*key, params, fit_range=fit_range)
 
+
+def _solve(shape: dict[str, np.ndarray], y: np.ndarray, decode_roofline: bool = True) -> dict:
+    """The law's parameters for the rows, by the robust least squares of the module docstring."""
+    layout = _Layout(shape, y, decode_roofline)
+    log_y = np.log(y)
     active = layout.start > 0  # terms the data cannot see stay at 0 (a zero Jacobian column misleads trf)
 
     def full(x: np.ndarray) -> np.ndarray:
@@ -137,16 +159,31 @@ def fit(profile: Profile, match_mean: bool = False) -> LatencyModel:
     best = min((least_squares(residuals, np.clip(x0[active], lo, hi), bounds=(lo, hi), loss="soft_l1",
                               f_scale=LOSS_SCALE, x_scale="jac", max_nfev=4000) for x0 in starts),
                key=lambda r: r.cost)
-    fit_range = {
-        "phases": sorted(set(profile.text["phase"])),
-        "max_batch_size": int(profile.num["batch_size"].max()),
-        "max_num_tokens": int(profile.num["num_tokens"].max()),
-        "max_context_tokens": int(profile.num["context_tokens"].max()),
-    }
-    params = layout.params(full(best.x))
-    if match_mean:
-        params = scale_params(params, mean_scale(LatencyModel(*key, params), profile))
-    return LatencyModel(*key, params, fit_range=fit_range)
+    return layout.params(full(best.x))
+
+
+def choose_law(shape: dict[str, np.ndarray], y: np.ndarray) -> bool:
+    """Whether decode tokens enter the roofline (True: the full law) or not (their rise past the floor
+    then comes from the per-sequence and hinge terms alone).
+
+    Both are fitted to the step shapes whose decode batch is at most half the largest one and scored
+    on the rest (the largest batches), as the rows beyond the profile will be scored; the hinges-only
+    law is kept only if it predicts them better by more than TIE. Where there is no such split (no
+    decodes, fewer than three smaller batches) the full law is kept."""
+    d = shape["decode_seqs"]
+    held = d > (d.max() / 2 if len(d) else 0)
+    train = {k: v[~held] for k, v in shape.items()}
+    smaller = np.unique(train["decode_seqs"][train["decode_seqs"] > 0])
+    if not held.any() or len(smaller) < 3 or (~held).sum() < _Layout(train, y[~held]).size // 2:
+        return True
+    test = {k: v[held] for k, v in shape.items()}
+
+    def error(decode_roofline: bool) -> float:
+        a, b = coeffs_array(_solve(train, y[~held], decode_roofline), test["prefill_tokens"],
+                            test["prefill_context"], test["decode_seqs"], test["prefill_seqs"])
+        return float(np.mean(np.abs(np.log(np.maximum(a + b * test["decode_context"], 1e-9) / y[held]))))
+
+    return error(False) >= error(True) - TIE
 
 
 def mean_scale(model: LatencyModel, profile: Profile) -> float:

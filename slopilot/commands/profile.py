@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-chunks", default=None, help="comma list overriding the grid's chunks")
     parser.add_argument("--cached-contexts", default=None, help="comma list of cached tokens under a chunk")
     parser.add_argument("--decode-contexts", default=None, help="comma list of decode KV lengths")
+    parser.add_argument("--decode-batches", default=None, help="comma list of decode batch sizes")
     parser.add_argument("--device-name", default=None, help="value of the CSV's device column")
     parser.add_argument("--kv-budget-gb", type=float, default=None,
                         help="memory for the KV cache; shapes that need more are left out (default: from "
@@ -188,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
         grid = replace(grid, cached_contexts=_ints(args.cached_contexts, "--cached-contexts"))
     if args.decode_contexts:
         grid = replace(grid, decode_contexts=_ints(args.decode_contexts, "--decode-contexts"))
+    if args.decode_batches:
+        batches = _ints(args.decode_batches, "--decode-batches")
+        if min(batches) < 1:
+            raise ValueError(f"--decode-batches: {args.decode_batches!r} needs batch sizes >= 1")
+        grid = replace(grid, decode_batches=batches)
 
     torch_dtype = resolve_dtype(args.dtype, torch.device(args.device))
     bs = args.block_size

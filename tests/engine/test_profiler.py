@@ -138,3 +138,19 @@ def test_cpu_clock_needs_one_thread_and_a_grid(tmp_path, capsys, extra):
             *extra]
     assert main(argv) == 2
     assert "--clock cpu" in capsys.readouterr().err
+
+
+def test_decode_batches_override_the_grid(tmp_path, capsys):
+    """--decode-batches sets the decode rows' batch sizes (e.g. a denser grid than powers of two)."""
+    from slopilot.cli import main
+
+    out = tmp_path / "tiny-batches.csv"
+    argv = ["profile", "--model", "tiny", "--quick", "--threads", "1", "--repeats", "1",
+            "--prefill-chunks", "16", "--cached-contexts", "0", "--decode-contexts", "64",
+            "--decode-batches", "1,3,6", "--out", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(int(r["decode_seqs"]) for r in rows if r["phase"] == "decode") == [1, 3, 6]
+    for bad in ("0,2", "2,x"):
+        assert main([*argv[:-4], "--decode-batches", bad, "--out", str(tmp_path / "bad.csv")]) == 2
+        assert "--decode-batches" in capsys.readouterr().err
