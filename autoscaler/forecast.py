@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from autoscaler.observation import Observation
 from autoscaler.seasonal import Profile
 
+BASELINES = ("window", "beforeTrend")
+
 
 @dataclass(frozen=True)
 class DemandOptions:
@@ -65,11 +67,15 @@ class DemandOptions:
     batch_queue_query: str = ""
     batch_deadline: float = 3600.0
     burst_noise_floor: bool = False
+    burst_baseline: str = "window"
 
     def __post_init__(self):
         if self.burst_slope not in ("trend", "last", "onset"):
             raise ValueError(f"spec.policy.sloModel.burstSlope: must be trend, last or onset, not "
                              f"{self.burst_slope!r}")
+        if self.burst_baseline not in BASELINES:
+            raise ValueError(f"spec.policy.sloModel.burstBaseline: must be one of {', '.join(BASELINES)}, "
+                             f"not {self.burst_baseline!r}")
 
 
 def linear_forecast(samples: list[list[float]], at: float) -> float | None:
@@ -122,6 +128,7 @@ class Demand:
         self.profile = Profile(o.season_period, o.season_bins, o.season_weekly) if seasonal else None
         self.rates: list[list[float]] = []  # [time, arrival rate]
         self.counts: list[list[float]] = []  # [time, arrivals counter, batch arrivals counter]
+        self.bursting = False  # the last rate() saw a burst (its forecast is the burst's)
 
     def state_dict(self) -> dict:
         state = {"rates": self.rates}
@@ -199,6 +206,10 @@ class Demand:
         short = [r for r in self.rates if r[0] > now - o.trend_window - 1e-9]
         burst = linear_forecast(short, at) or 0.0
         past = self.rates[:-1]  # is the rate now an outlier of the long trend, not noise around it?
+        if o.burst_baseline == "beforeTrend":
+            # the trend and its noise from the samples before the short window: a ramp's own first samples
+            # would tilt the line toward them and widen the spread, hiding the ramp from its own test
+            past = [r for r in past if r[0] <= now - o.trend_window]
         base = linear_forecast(past, now) if settled else None
         if o.burst_slope == "onset" and base is not None:  # the trend before the short window's samples
             ramp = onset_ramp(self.rates, [r for r in past if r[0] <= now - o.trend_window] or past)
@@ -219,11 +230,9 @@ class Demand:
             # a few minutes of residuals can understate a low rate's counting noise: a rate counted
             # over w seconds varies by at least sqrt(rate / w) (Poisson)
             noise = max(noise, math.sqrt(max(base, 0.0) / o.fast_window))
-        if (
-            burst > rate * (1.0 + o.burst_rise)
-            and base is not None
-            and rate > base + o.burst_z * noise
-        ):
+        self.bursting = (burst > rate * (1.0 + o.burst_rise) and base is not None
+                         and rate > base + o.burst_z * noise)
+        if self.bursting:
             ahead = max(ahead, burst)
         elif o.drop_on_fall and base is not None and rate < base and len(short) >= 3:
             falling = (linear_forecast(short, now + 1.0) or 0.0) < (linear_forecast(short, now) or 0.0)

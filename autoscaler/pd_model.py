@@ -78,6 +78,7 @@ class PdModelPolicy(Policy):
         kv_target: float = 0.8,
         prefill_threshold: float = 0.0,
         scale_down_headroom: float = 0.0,
+        burst_confirm: float = 0.0,
         demand: DemandOptions | None = None,
     ):
         if role not in ROLES:
@@ -94,15 +95,19 @@ class PdModelPolicy(Policy):
         self.decode_ttft, self.kv_tokens, self.kv_target = decode_ttft, kv_tokens, kv_target
         self.threshold, self.down_headroom = prefill_threshold, scale_down_headroom
         self.forecast = Demand(demand or DemandOptions(), startup_delay, polling_interval)
-        self.recs: list[list[float]] = []  # [time, recommendation]
+        self.recs: list[list[float]] = []  # [time, recommendation(, start of its burst episode)]
+        self.burst_confirm = burst_confirm
+        self.episode: list[float] | None = None  # [first, last firing] of the current burst episode
 
     def state_dict(self) -> dict:
         state = self.forecast.state_dict()
-        return {"rates": state.pop("rates"), "recs": self.recs, **state}
+        extra = {"episode": self.episode} if self.burst_confirm > 0 else {}
+        return {"rates": state.pop("rates"), "recs": self.recs, **state, **extra}
 
     def load_state_dict(self, state: dict) -> None:
         self.forecast.load_state_dict(state)
         self.recs = [list(x) for x in state.get("recs", [])]
+        self.episode = state.get("episode")
 
     def role_rate(self, obs: Observation) -> float:
         """The rate to provision this pool for (autoscaler.forecast.Demand). On the router's arrival
@@ -175,6 +180,31 @@ class PdModelPolicy(Policy):
             need = max(need, math.ceil(obs.num_running / (self.kv_target * max_batch) - 1e-9))
         return need
 
+    def burst_episode(self, now: float) -> float | None:
+        """burstConfirmSeconds: the start of the burst test's current episode while it fires (None when
+        it does not). An episode is confirmed when the test still fires burstConfirmSeconds after its
+        first firing (a noisy fast-window rate passes the test for at most one window's polls); one
+        that is not has its recommendations taken out of the scale-down window once that time has passed,
+        so the replicas it ordered are cancelled while still starting: a sensitive burst test then
+        costs seconds of starting replicas per false alarm, not a scale-down window of them. A confirmed
+        episode ends after burstConfirmSeconds without a firing."""
+        c, firing = self.burst_confirm, self.forecast.bursting
+        if c <= 0:
+            return None
+        if self.episode:
+            start, last = self.episode
+            confirmed = last - start >= c
+            # an episode ends c s after its last firing; an unconfirmed one as soon as c s have passed since
+            # its start without it firing now
+            if now - last >= c or (not confirmed and not firing and now - start >= c):
+                if not confirmed:  # a noisy poll's orders, withdrawn
+                    self.recs = [r for r in self.recs if len(r) < 3 or r[2] != start]
+                self.episode = None
+        if firing:
+            self.episode = [self.episode[0] if self.episode else now, now]
+            return self.episode[0]
+        return None
+
     def decide(self, obs: Observation) -> Decision:
         name = f"pdModel/{self.role}"
         prompt, output = obs.mean_prompt_tokens, obs.mean_output_tokens
@@ -200,7 +230,8 @@ class PdModelPolicy(Policy):
         floor = self.floors(obs, max_batch)
         need = max(need, min(floor, hi))
         now = obs.time
-        self.recs.append([now, need])
+        episode = self.burst_episode(now)
+        self.recs.append([now, need] if episode is None else [now, need, episode])
         self.recs = [r for r in self.recs if r[0] > now - self.scale_down_delay] or self.recs[-1:]
         desired = min(max(int(max(r[1] for r in self.recs)), self.min_replicas), self.max_replicas)
         tokens = rate * (prompt or 0.0)

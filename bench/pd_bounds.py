@@ -19,6 +19,10 @@ plan and the reactive bounds.
 * reactive bound (30 s) + standing headroom x h: outside the bursts ceil(h x the plan) per pool, the
   cost of absorbing a burst's first minutes with idle capacity instead of foresight (as
   bench/policies.py does for the aggregated bursty day).
+* late bounds (bench/pd_day.py --late D..., --decode-headroom H...): seen D s after its start with 40 a
+  pool ordered (the most any order seen then can do), and seen at the latest D, its peak ordered, with
+  ceil(H x the plan) decode replicas standing outside the bursts (the prefill pool at the plan): what
+  a policy whose burst test fires D s into a burst needs standing in its decode pool.
 """
 
 from __future__ import annotations
@@ -125,11 +129,24 @@ def bound_plans(bound: dict, day: float, headrooms: list[float]) -> dict[str, di
     return plans
 
 
+def late_plans(bound: dict, day: float, seen: list[float], decode_headrooms: list[float]) -> dict:
+    """name -> role -> schedule steps, for the late bounds (seen D s after the burst's start)."""
+    need = {r: np.array(bound["need"][r]) for r in ROLES}
+    plans = {f"reactive bound (seen {d:g} s after its start, {setup.MAX_REPLICAS} a pool ordered)": {
+        r: reactive_steps(need[r], day, d, order=setup.MAX_REPLICAS) for r in ROLES} for d in seen}
+    last = max(seen) if seen else 45.0
+    for h in decode_headrooms:
+        plans[f"reactive bound (seen {last:g} s after its start) + decode standing x{h:g}"] = {
+            "prefill": reactive_steps(need["prefill"], day, last),
+            "decode": reactive_steps(need["decode"], day, last, h)}
+    return plans
+
+
 def bound_rows(wl: Workload, day: float, bound: dict, headrooms: list[float], log=print,
-               seed: int = 7) -> list[dict]:
-    """The bound rows simulated: each pool on its schedule, the same day."""
+               seed: int = 7, plans: dict | None = None) -> list[dict]:
+    """The bound rows simulated (`plans`, default bound_plans'): each pool on its schedule, the same day."""
     rows = []
-    for name, steps in bound_plans(bound, day, headrooms).items():
+    for name, steps in (plans or bound_plans(bound, day, headrooms)).items():
         sched = {r: {"schedule": steps[r], "polling_interval": 5} for r in ROLES}
         sc = setup.scenario(day, sched["prefill"], sched["decode"], steps["prefill"][0]["replicas"],
                               steps["decode"][0]["replicas"], seed)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's packages
 import pd_baselines  # noqa: E402, F401  (registers throughputPlanner)
-from pd_bounds import bound_rows, capacities, oracle_pd  # noqa: E402
+from pd_bounds import bound_rows, capacities, late_plans, oracle_pd  # noqa: E402
 from pd_setup import PD, SLO, day_workload, hpa, ia, run_row, scenario  # noqa: E402  (the day's setting)
 
 # both pools read the router's arrival counter as their fast signal (the prefill pool its share of it)
@@ -151,6 +151,9 @@ def run_day(args) -> dict:
         log(rows[-1])
     if getattr(args, "bounds", False):
         rows += bound_rows(wl, day, bound, list(getattr(args, "headroom", None) or []), log, args.seed)
+    late, dh = list(getattr(args, "late", None) or []), list(getattr(args, "decode_headroom", None) or [])
+    if late or dh:
+        rows += bound_rows(wl, day, bound, [], log, args.seed, late_plans(bound, day, late, dh))
     print(table(rows, bound))
     result = {"command": f"bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
@@ -181,6 +184,12 @@ def main(argv: list[str] | None = None) -> None:
                     "bounds (bench/pd_bounds.py)")
     ap.add_argument("--headroom", type=float, nargs="*", default=[1.25, 1.5, 2.0],
                     help="with --bounds: the standing-headroom factors of the 30-s reactive bound")
+    ap.add_argument("--late", type=float, nargs="*", default=[], metavar="D",
+                    help="also the late bounds: each burst seen D s after its start, 40 a pool ordered "
+                    "(bench/pd_bounds.py)")
+    ap.add_argument("--decode-headroom", type=float, nargs="*", default=[], metavar="H",
+                    help="also the late bound seen at the largest D (45 s without --late), its peak ordered, "
+                    "with ceil(H x the plan) decode replicas standing")
     ap.add_argument("--json", default=None, help="also write the results here (bench/pages.py renders them)")
     run_day(ap.parse_args(argv))
 

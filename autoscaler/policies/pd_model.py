@@ -40,6 +40,10 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
     burst_noise_floor: bool = _o("burstNoiseFloor", "burst_noise_floor", {"type": "boolean"},
                                  "the burst test's spread is at least sqrt(rate / fastWindowSeconds), a "
                                  "counted rate's Poisson noise")
+    burst_baseline: str = _o("burstBaseline", "burst_baseline", {"enum": ["window", "beforeTrend"]},
+                             "the trend and spread the burst test compares the rate now with: window (every "
+                             "sample of the forecast window) or beforeTrend (only those older than "
+                             "trendWindowSeconds, so a ramp's first samples do not hide it from its test)")
     decode_ttft: float = _o("decodeTtftSeconds", "decode_ttft", {**NONNEG, "maximum": 3600},
                             "prefill role: the TTFT the prefill pool cannot shorten (transfer, decode "
                             "admission, first decode step), taken from the TTFT SLO")
@@ -53,6 +57,9 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
     scale_down_headroom: float = _o("scaleDownHeadroom", "scale_down_headroom", {**NONNEG, "maximum": 10},
                                     "hysteresis: the pool shrinks only to a count that would still meet its "
                                     "target at (1 + this) x the rate (0: at the rate)")
+    burst_confirm: float = _o("burstConfirmSeconds", "burst_confirm", {**NONNEG, "maximum": 3600},
+                              "a burst test's firing that stops sooner than this (a noisy poll) has its "
+                              "recommendations withdrawn, cancelling the replicas still starting (0: never)")
     arrivals_query: str = _o("arrivalsQuery", "arrivals_query", {"type": "string"},
                              "PromQL for the router's arrival counter, read as the rate now (fast signal; "
                              "the prefill role takes its pool's share of it)")

@@ -101,6 +101,10 @@ class SloModelOptions:  # field names are SloModelPolicy's keywords and DemandOp
     burst_noise_floor: bool = _o("burstNoiseFloor", "burst_noise_floor", BOOL,
                                  "the burst test's spread is at least sqrt(rate / fastWindowSeconds), a "
                                  "counted rate's Poisson noise")
+    burst_baseline: str = _o("burstBaseline", "burst_baseline", {"enum": ["window", "beforeTrend"]},
+                             "the trend and spread the burst test compares the rate now with: window (every "
+                             "sample of the forecast window) or beforeTrend (only those older than "
+                             "trendWindowSeconds, so a ramp's first samples do not hide it from its test)")
 
 
 # option -> the trigger name its query is read under (obs.metrics)

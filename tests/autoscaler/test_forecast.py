@@ -22,6 +22,8 @@ FLAT = series([4.0] * 11)
 RAMP = series([1 + 0.3 * i for i in range(11)])  # 1 + 0.01 t
 # a flat 2.0 +- 0.1, then 6.0 at t = 300: (240, 1.9), (270, 2.1), (300, 6.0)
 BURST = series([2.0 + (0.1 if i % 2 else -0.1) for i in range(10)] + [6.0])
+# the same flat 2.0 +- 0.1 to t = 240 (1.9 there), then a ramp: 3.0 at 270, 4.0 at 300
+RISE = series([2.0 + (0.1 if i % 2 else -0.1) for i in range(9)] + [3.0, 4.0])
 # a rise of 0.02 / s to t = 210, then falling 6, 5, 4 at 240, 270, 300
 FALL = series([2 + 0.6 * i for i in range(8)] + [6.0, 5.0, 4.0])
 
@@ -44,6 +46,14 @@ CASES = [
     ("burst, last", {"burst_slope": "last"}, BURST, 25.5),  # 6 + (6 - 2.1) / 30 x 150
     ("burst, onset", {"burst_slope": "onset"}, BURST, 15.633333),  # the ramp since the onset: the same 3
     ("burst, not trusted", {"burst_z": 1000.0}, BURST, 6.0),  # noise gate shut: the long fit, the rate now
+    # a ramp's first sample hides it from the test on the whole window: the line through every earlier
+    # sample (3.0 at 270 among them) is 2.393 at 300 with a spread of 0.275, so the rate now must pass
+    # 2.393 + 6 x 0.275 = 4.045; 4.0 does not: the rate now (over the long trend's 3.417 at 420)
+    ("ramp, window baseline", {"burst_z": 6.0}, RISE, 4.0),
+    # on the samples before the short window (to t = 240) the line is 1.989 with a spread of 0.099:
+    # 4.0 > 2.585, a burst; the short trend through (240, 1.9), (270, 3.0), (300, 4.0) at 450:
+    # 2.966667 + 0.035 x 180
+    ("ramp, beforeTrend baseline", {"burst_z": 6.0, "burst_baseline": "beforeTrend"}, RISE, 9.266667),
     ("tail, kept", {}, FALL, 6.753939),  # the long trend still points up over the falling tail
     ("tail, dropped", {"drop_on_fall": True}, FALL, 4.0),  # drop_on_fall: provision for the rate now
     # fast signals: the counter's rise over the fast window (8 req/s), the gateway queue drained in 60 s
@@ -81,3 +91,5 @@ def test_state_survives_a_restart():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="burstSlope: must be trend, last or onset"):
         DemandOptions(burst_slope="steep")
+    with pytest.raises(ValueError, match="burstBaseline: must be one of window, beforeTrend"):
+        DemandOptions(burst_baseline="before")

@@ -119,6 +119,13 @@ def test_the_spec_loads_and_a_bad_role_names_the_field():
     assert isinstance(make_policy(spec, load_latency_model(MODEL)), PdModelPolicy)
     with pytest.raises(ValueError, match=r"spec\.policy\.pdModel\.role"):
         load_spec(spec_text("middle"), "p.yaml")
+    # the burst test's baseline: window (the default, written once in DemandOptions) or beforeTrend
+    default = make_policy(spec, load_latency_model(MODEL))
+    assert default.forecast.options.burst_baseline == "window"
+    before = load_spec(spec_text("decode", burstBaseline="beforeTrend"))
+    assert make_policy(before, load_latency_model(MODEL)).forecast.options.burst_baseline == "beforeTrend"
+    with pytest.raises(ValueError, match=r"burstBaseline"):
+        load_spec(spec_text("decode", burstBaseline="older"), "p.yaml")
 
 
 def pool(name: str, role: str) -> dict:
@@ -261,3 +268,36 @@ def test_scale_down_headroom_holds_a_count_the_rate_nearly_needs():
         return d.desired_replicas
 
     assert run(0.0) < run(0.6)
+
+
+def _episodes(confirm: float, firing: str) -> list[int]:
+    """The recommendations left in the scale-down window after polls 5 s apart, `firing` one character a
+    poll (x: the burst test fires, recommending 9; .: it does not, 2), with burstConfirmSeconds `confirm`."""
+    p = PdModelPolicy("decode", SLOS, load_latency_model(MODEL), burst_confirm=confirm)
+    for k, c in enumerate(firing):
+        p.forecast.bursting = c == "x"
+        episode = p.burst_episode(5.0 * k)
+        p.recs.append([5.0 * k, 9 if c == "x" else 2] + ([] if episode is None else [episode]))
+    return [int(r[1]) for r in p.recs]
+
+
+@pytest.mark.parametrize("confirm,firing,left", [
+    (0.0, ".xxx....", [2, 9, 9, 9, 2, 2, 2, 2]),  # off: every recommendation stays for the window
+    # one fast window's noise (fires 5-15 s, under 20 s): withdrawn at 25 s, 20 s after its first firing
+    (20.0, ".xxx....", [2, 2, 2, 2, 2]),
+    (20.0, ".xxxxxx..", [2, 9, 9, 9, 9, 9, 9, 2, 2]),  # still firing at 25 s, 20 s in: a burst, kept
+    (20.0, ".x.x.x..", [2, 9, 2, 9, 2, 9, 2, 2]),  # a flickering test still firing 20 s in: kept
+    (20.0, ".x...x...", [2, 2, 2, 2, 9, 2, 2, 2]),  # two separate noisy polls: each withdrawn
+])
+def test_an_unconfirmed_burst_is_withdrawn(confirm, firing, left):
+    assert _episodes(confirm, firing) == left
+
+
+def test_the_burst_episode_survives_a_restart():
+    p = PdModelPolicy("decode", SLOS, load_latency_model(MODEL), burst_confirm=20.0)
+    p.forecast.bursting = True
+    p.burst_episode(5.0)
+    q = PdModelPolicy("decode", SLOS, load_latency_model(MODEL), burst_confirm=20.0)
+    q.load_state_dict(p.state_dict())
+    assert q.episode == [5.0, 5.0]
+    assert "episode" not in PdModelPolicy("decode", SLOS, load_latency_model(MODEL)).state_dict()
