@@ -116,7 +116,8 @@ def fit(profile: Profile, match_mean: bool = False) -> LatencyModel:
     if len(y) < _Layout(shape, y).size // 2:
         raise ValueError(f"{profile.source}: {len(y)} distinct step shapes is too few to fit the model")
     key = groups[0]
-    params = _solve(shape, y, choose_law(shape, y))
+    decode_roofline = choose_law(shape, y)
+    params = _solve(shape, y, decode_roofline)
     fit_range = {
         "phases": sorted(set(profile.text["phase"])),
         "max_batch_size": int(profile.num["batch_size"].max()),
@@ -125,7 +126,9 @@ def fit(profile: Profile, match_mean: bool = False) -> LatencyModel:
     }
     if match_mean:
         params = scale_params(params, mean_scale(LatencyModel(*key, params), profile))
-    return LatencyModel(*key, params, fit_range=fit_range)
+    # which law choose_law kept, so a reader of the model (or of calibrate's output) can tell
+    law = "roofline" if decode_roofline else "floor + per-sequence"
+    return LatencyModel(*key, params, provenance={"decode_law": law}, fit_range=fit_range)
 
 
 def _solve(shape: dict[str, np.ndarray], y: np.ndarray, decode_roofline: bool = True) -> dict:
@@ -264,7 +267,7 @@ def calibrate(profile: Profile, where: str | None = None, frac: float = 0.2, see
     if refit_all and len(test):
         model = fit(profile, match_mean)
     n_train = int((~mask).sum())
-    model.provenance = provenance(profile, where, frac, seed, n_train, heldout, train_err, refit_all)
+    model.provenance |= provenance(profile, where, frac, seed, n_train, heldout, train_err, refit_all)
     if match_mean:
         model.provenance["match_mean"] = True
     return model, heldout, mask

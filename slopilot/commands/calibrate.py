@@ -104,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     split = f"rows matching {args.holdout_where!r}" if args.holdout_where else \
         f"random {args.holdout_frac:.0%} (seed {args.seed})"
     print(f"{model}: {int((~mask).sum())} training rows, {int(mask.sum())} held out ({split})")
+    if "decode_law" in model.provenance:
+        print(f"decode tokens priced by: {model.provenance['decode_law']} (chosen by extrapolating inside "
+              "the training rows)")
     if heldout:
         print("held-out error:")
         print(format_errors(heldout))

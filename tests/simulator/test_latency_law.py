@@ -1,6 +1,7 @@
 """The fitter's choice of decode law (simulator/latency/fit.py: choose_law), on measured CPU profiles of
 the 80m engine model and on the Splitwise GPU data, whose fits it must leave as they were."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,15 @@ def test_profiles_without_a_decode_split_keep_the_full_law():
     two_batches = prefill_only + [("decode", b, b, b * c, 10 + b + 0.001 * b * c) for b in (1, 2, 4)
                                   for c in (100, 1000)]
     assert _law_and_shape(prof(two_batches))[0] is True  # batches 1, 2 below 4/2: too few to validate
+
+
+def test_calibrate_says_which_decode_law_it_kept(tmp_path, capsys):
+    """The chosen law is in the model's provenance and calibrate's output, so a reader can tell."""
+    from slopilot.cli import main
+
+    out = tmp_path / "m.json"
+    assert main(["calibrate", str(DATA / "cpu-80m-bfloat16-run1.csv"), "--no-plot", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    law = json.loads(out.read_text())["provenance"]["decode_law"]
+    assert law in ("roofline", "floor + per-sequence")
+    assert f"decode tokens priced by: {law}" in printed
