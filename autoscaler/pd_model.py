@@ -79,6 +79,7 @@ class PdModelPolicy(Policy):
         prefill_threshold: float = 0.0,
         scale_down_headroom: float = 0.0,
         burst_confirm: float = 0.0,
+        rate_headroom: float = 0.0,
         demand: DemandOptions | None = None,
     ):
         if role not in ROLES:
@@ -96,7 +97,7 @@ class PdModelPolicy(Policy):
         self.threshold, self.down_headroom = prefill_threshold, scale_down_headroom
         self.forecast = Demand(demand or DemandOptions(), startup_delay, polling_interval)
         self.recs: list[list[float]] = []  # [time, recommendation(, start of its burst episode)]
-        self.burst_confirm = burst_confirm
+        self.burst_confirm, self.rate_headroom = burst_confirm, rate_headroom
         self.episode: list[float] | None = None  # [first, last firing] of the current burst episode
 
     def state_dict(self) -> dict:
@@ -212,7 +213,9 @@ class PdModelPolicy(Policy):
         idle = obs.arrival_rate == 0 and not obs.num_waiting and bool(self.recs)
         if obs.arrival_rate is None or (no_mix and not idle):
             return Decision(obs.current_replicas, False, f"{name}: no arrival rate / length mix, no change")
-        rate = 0.0 if no_mix else self.role_rate(obs)
+        # rateHeadroom: standing capacity for (1 + h) x the rate, held at every count (a burst's first
+        # minutes meet it before any order is ready)
+        rate = 0.0 if no_mix else self.role_rate(obs) * (1.0 + self.rate_headroom)
         lo, hi = max(self.min_replicas, 1), self.max_replicas
         max_batch = obs.max_batch_seqs or self.max_batch
 

@@ -60,6 +60,9 @@ class PdModelOptions:  # field names are PdModelPolicy's keywords and DemandOpti
     burst_confirm: float = _o("burstConfirmSeconds", "burst_confirm", {**NONNEG, "maximum": 3600},
                               "a burst test's firing that stops sooner than this (a noisy poll) has its "
                               "recommendations withdrawn, cancelling the replicas still starting (0: never)")
+    rate_headroom: float = _o("rateHeadroom", "rate_headroom", {**NONNEG, "maximum": 10},
+                              "standing headroom: the pool is sized for (1 + this) x the rate at every "
+                              "count, not only on the way down as scaleDownHeadroom (0: at the rate)")
     arrivals_query: str = _o("arrivalsQuery", "arrivals_query", {"type": "string"},
                              "PromQL for the router's arrival counter, read as the rate now (fast signal; "
                              "the prefill role takes its pool's share of it)")
