@@ -134,11 +134,11 @@ def late_plans(bound: dict, day: float, seen: list[float], decode_headrooms: lis
     need = {r: np.array(bound["need"][r]) for r in ROLES}
     plans = {f"reactive bound (seen {d:g} s after its start, {setup.MAX_REPLICAS} a pool ordered)": {
         r: reactive_steps(need[r], day, d, order=setup.MAX_REPLICAS) for r in ROLES} for d in seen}
-    last = max(seen) if seen else 45.0
-    for h in decode_headrooms:
-        plans[f"reactive bound (seen {last:g} s after its start) + decode standing x{h:g}"] = {
-            "prefill": reactive_steps(need["prefill"], day, last),
-            "decode": reactive_steps(need["decode"], day, last, h)}
+    for d in seen or [45.0]:
+        for h in decode_headrooms:
+            plans[f"reactive bound (seen {d:g} s after its start) + decode standing x{h:g}"] = {
+                "prefill": reactive_steps(need["prefill"], day, d),
+                "decode": reactive_steps(need["decode"], day, d, h)}
     return plans
 
 

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="also the late bounds: each burst seen D s after its start, 40 a pool ordered "
                     "(bench/pd_bounds.py)")
     ap.add_argument("--decode-headroom", type=float, nargs="*", default=[], metavar="H",
-                    help="also the late bound seen at the largest D (45 s without --late), its peak ordered, "
+                    help="also the late bounds seen at each D (45 s without --late), their peak ordered, "
                     "with ceil(H x the plan) decode replicas standing")
     ap.add_argument("--json", default=None, help="also write the results here (bench/pages.py renders them)")
     run_day(ap.parse_args(argv))
