@@ -11,10 +11,12 @@ The flow follows the live one (vLLM's P/D protocol behind llm-d's P/D profile):
    rest (counted in its KV usage from then on); when none has room the prefilled request waits, and
    that wait is measured.
 4. The KV the decode replica lacks moves: link latency + those tokens x KV bytes per token /
-   bandwidth (no contention between transfers). The request then joins the decode replica's running
-   batch with all but the last prompt token computed, so its first step recomputes that token and
-   samples the first output token (vLLM's consumer does the same). TTFT = prefill queue + prefill +
-   admission wait + transfer + that first decode step.
+   bandwidth (no contention between transfers), plus the decode pool's front end when it models one
+   (the decode hop is an HTTP request too). The request then joins the decode replica's running
+   batch with the prompt tokens the connector loads computed (`loads`: all but the last, as vLLM's
+   NixlConnector, or whole blocks, as its ExampleConnector), so its first step computes the rest and
+   samples the first output token. TTFT = prefill queue + prefill + admission wait + transfer + that
+   first decode step.
 
 The producer holds the prompt's KV blocks from the end of its hop until the transfer ends (through
 any decode admission wait). Simplification, stated: failures are not modelled for P/D pools (the
@@ -32,6 +34,7 @@ from collections import deque
 import numpy as np
 
 from engine.core.sequence import SequenceStatus
+from simulator.frontend import draw_ms
 from simulator.pd_spec import PDSpec
 from simulator.requests import SimSequence
 from simulator.steptime import PS, to_ps
@@ -160,13 +163,17 @@ class PDService:
             k = f.router.pick(room, seq.token_ids if f.router.uses_prefix else None)
             rep = room[k]
             f.requests.routed(seq.index, rep.id, rep.pool.index)
-            moved = self.reserve(rep, seq)
+            rest = self.reserve(rep, seq)
             now = f.env.now
             self.reserved[seq.index] = now
-            self.decode_hit[seq.index] = seq.num_prompt_tokens - moved
+            hit = self.decode_hit[seq.index] = seq.num_prompt_tokens - rest
+            moved, seq.pd_computed = self.spec.moves(seq.num_prompt_tokens, hit, rep.bm.block_size)
             seq.replica_arrival = now
             self.transfer_bytes += moved * self.spec.kv_bytes_per_token
             delay = to_ps(self.spec.transfer_seconds(moved))
+            frontend = rep.pool.spec.frontend  # the decode hop is a request to the decode replica too
+            if frontend is not None:
+                delay += to_ps(draw_ms(frontend, f.frontend_rng, seq.num_prompt_tokens) / 1000)
             f.env.timeout(delay).callbacks.append(lambda _, s=seq, r=rep: self._arrive(s, r))
 
     def _arrive(self, seq: SimSequence, rep) -> None:
@@ -178,7 +185,7 @@ class PDService:
         self._release(producer.bm, blocks)  # the read is confirmed: the producer frees its blocks
         producer.poke()  # a prompt waiting there for blocks may start now
         seq.pd_held = None
-        seq.num_computed_tokens = seq.num_prompt_tokens - 1  # the last token is recomputed for logits
+        seq.num_computed_tokens = seq.pd_computed  # the rest (at least the last token) is computed here
         seq.status = SequenceStatus.RUNNING
         seq.first_scheduled_time = now
         rep.sched.running.append(seq)

@@ -9,11 +9,17 @@
       threshold: 256                  # disaggregate when the prompt's uncached tokens exceed this
       link: {bandwidth_gbs: 50, latency_ms: 1}
       kv_bytes_per_token: 327680      # optional for a derived latency model (its architecture knows)
+      loads: all_but_last             # or full_blocks: what of the prompt the decode side loads
 
 Both pools are ordinary pools (their own latency model, TP, replicas, provisioning delay, autoscaler,
 metrics); this section only says how the router joins them (simulator.pd). The KV bytes a token
 moves are all layers' K and V over all KV heads: layers x 2 x kv_heads x head_dim x KV dtype bytes,
 which a derived model records per GPU at its TP.
+
+`loads` is the connector's: `all_but_last` (vLLM's NixlConnector and the live engines here) loads every
+prompt token's KV but the last, which the decode side recomputes for its logits; `full_blocks`
+(vLLM's ExampleConnector, keyed by whole blocks) loads the whole blocks below the prompt's last
+token but one, (prompt - 2) // block x block tokens, and the decode side recomputes the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 from autoscaler.yamlfile import Document
 
+LOADS = ("all_but_last", "full_blocks")
 _POS = {"type": "number", "exclusiveMinimum": 0}
 _NONNEG = {"type": "number", "minimum": 0}
 
@@ -34,6 +41,7 @@ PD_SCHEMA = {
         "decode_pool": {"type": "string", "minLength": 1},
         "threshold": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
         "kv_bytes_per_token": {**_POS, "maximum": 1e9},
+        "loads": {"enum": list(LOADS)},
         "link": {
             "type": "object",
             "additionalProperties": False,
@@ -55,6 +63,15 @@ class PDSpec:
     kv_bytes_per_token: float  # the whole model's KV for one token (all TP ranks)
     bandwidth_bytes_s: float
     latency_s: float
+    loads: str = LOADS[0]
+
+    def moves(self, prompt: int, hit: int, block_size: int) -> tuple[int, int]:
+        """(tokens whose KV moves, prompt tokens computed when it has) for a prompt whose first `hit`
+        tokens the decode replica has cached; the decode side computes the rest of the prompt."""
+        if self.loads == "full_blocks":
+            done = max(max(prompt - 2, 0) // block_size * block_size, hit)
+            return done - hit, done
+        return prompt - hit, prompt - 1
 
     def transfer_seconds(self, tokens: int) -> float:
         """One request's KV move: the link's latency plus its bytes over the bandwidth."""
@@ -97,4 +114,5 @@ def pd_config(doc: Document, pools: list) -> PDSpec:
                         "one whose architecture gives the KV bytes per token")
     link = d["link"]
     return PDSpec(idx["prefill_pool"], idx["decode_pool"], int(d.get("threshold", 0)), float(kv),
-                  float(link["bandwidth_gbs"]) * 1e9, float(link.get("latency_ms", 0.0)) / 1000)
+                  float(link["bandwidth_gbs"]) * 1e9, float(link.get("latency_ms", 0.0)) / 1000,
+                  d.get("loads", LOADS[0]))

@@ -7,7 +7,10 @@ when a prefix scorer is on; otherwise the whole prompt counts as uncached).
 
 The prefill hop sends the request to a prefill endpoint with `max_tokens: 1`, no streaming and
 `kv_transfer_params: {"do_remote_decode": true}`; its answer's `kv_transfer_params` go into the
-original body for the decode hop (the regular forward: streaming, retries, metrics).
+original body for the decode hop (the regular forward: streaming, retries, metrics). With
+`shared_kv` the engines meet through storage keyed by the prompt's tokens (vLLM's ExampleConnector,
+LMCache): the prefill answer carries no parameters and the decode hop gets the original body; the
+consumer finds the prompt's KV by itself.
 
 The prefill endpoints are a pool of their own with the decode pool's machinery (controlplane.router.pool:
 discovery every refresh, so a scaled prefill fleet is followed; /metrics scrapes; ejection on failures
@@ -45,6 +48,8 @@ class PDSettings:
     prefill: list[str] | Callable[[], list[str]]
     threshold: int = 0  # disaggregate when the prompt's uncached tokens exceed this
     timeout: float = 600.0  # the prefill hop's whole answer
+    # the KV meets in storage keyed by the prompt: an answer without kv_transfer_params is the norm
+    shared_kv: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.prefill) and not self.prefill:
@@ -123,13 +128,15 @@ class PrefillHop:
                 self._release(ep, p)
             if resp.status == 200:
                 kv = _kv_params(answer)
-                if kv is None:
+                if kv is None and not self.settings.shared_kv:
                     last = self._failed(ep, "no_params", f"{ep.url}: answered without kv_transfer_params "
-                                                         "(is it started with a kv_producer role?)")
+                                                         "(is it started with a kv_producer role? "
+                                                         "A connector sharing KV through storage needs "
+                                                         "--pd-shared-kv)")
                     continue
                 self.pool.succeeded(ep)
                 self.hop_seconds.labels(ep.url).observe(time.monotonic() - t0)
-                return json.dumps({**data, "kv_transfer_params": kv}).encode()
+                return json.dumps({**data, "kv_transfer_params": kv} if kv else data).encode()
             if resp.status == 429:  # full: no new work for a moment, not a health failure
                 ep.busy_until = time.monotonic() + 1.0
                 self.failures.labels(ep.url, "429").inc()

@@ -59,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pd-threshold", type=int, default=0, metavar="TOKENS",
                    help="with --prefill-endpoint: disaggregate a request when its prompt has more than "
                         "this many uncached tokens, else send it whole to a decode endpoint")
+    p.add_argument("--pd-shared-kv", action="store_true",
+                   help="with --prefill-endpoint: the engines share KV through storage keyed by the prompt "
+                        "(vLLM's ExampleConnector, LMCache), so the prefill answer carries no "
+                        "kv_transfer_params and the decode hop is sent the original request")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_endpoint:
         from controlplane.router.pd import PDSettings
 
-        pd = PDSettings(args.prefill_endpoint, args.pd_threshold)
+        pd = PDSettings(args.prefill_endpoint, args.pd_threshold, shared_kv=args.pd_shared_kv)
     if args.batch_max_inflight < 1:
         raise ValueError(f"--batch-max-inflight must be >= 1, got {args.batch_max_inflight}")
     app = build_router_app(cfg, discover, api_key=args.api_key, upstream_key=args.upstream_api_key,

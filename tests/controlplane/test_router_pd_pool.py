@@ -155,3 +155,27 @@ def test_a_scaled_prefill_list_is_followed():
         r.stop()
         for e in (d, a, b):
             e.stop()
+
+
+def test_shared_kv_takes_a_prefill_answer_without_params_and_sends_the_original_body():
+    """A connector that shares KV through storage keyed by the prompt (vLLM's ExampleConnector) answers
+    the prefill hop without kv_transfer_params: refused as a misconfigured producer by default, taken
+    with shared_kv (both hops still run, and the decode hop gets the client's body)."""
+    (prefill,), (decode,) = fakes(1, producer=False), fakes(1, producer=False)
+    for shared in (False, True):
+        rc = RouterConfig(policy="weighted", refresh_interval=0.05)
+        pd = PDSettings([prefill.url], threshold=64, shared_kv=shared)
+        r = RouterServer(build_router_app(rc, static([decode.url]), pd=pd)).start()
+        try:
+            got = httpx.post(r.url + CMPL, json=BODY, timeout=10, trust_env=False)
+            if not shared:
+                assert got.status_code == 503 and "--pd-shared-kv" in got.json()["error"]["message"]
+                continue
+            assert got.status_code == 200, got.text
+            assert prefill.kv_seen[-1] == {"do_remote_decode": True}  # the prefill hop ran
+            assert decode.kv_seen[-1] is None  # the decode hop: the client's body, no parameters added
+            assert metric(r.url, "slopilot_router_pd_decisions_total", decision="disaggregated") == 1
+        finally:
+            r.stop()
+    prefill.stop()
+    decode.stop()

@@ -85,6 +85,26 @@ def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
     assert s["pd"]["disaggregated"] == 1 and s["pd"]["kv_transfer_bytes"] == p * KVB
 
 
+def test_full_blocks_connector_loads_whole_blocks_and_the_decode_hop_passes_its_front_end():
+    """`loads: full_blocks` (vLLM's ExampleConnector): the decode side loads (prompt - 2) // block whole
+    blocks and computes the rest in its first step; a decode pool with a front end adds its delay."""
+    sc = _scenario(pd={"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 256,
+                       "loads": "full_blocks", "link": {"bandwidth_gbs": 25, "latency_ms": 2},
+                       "kv_bytes_per_token": KVB})
+    sc.pools[1].frontend = {"quantiles_ms": (5.0,), "per_prompt_token_ms": 0.001}
+    p, out, bs = 2000, 10, sc.pools[1].block_size
+    loaded = (p - 2) // bs * bs
+    assert bs == 16 and loaded == 1984
+    f = _run(sc, Workload(np.array([1.0]), np.array([p]), np.array([out])))
+    timer = f.pools[1].timer
+    t = f.pd.table()
+    move = 0.002 + loaded * KVB / 25e9
+    assert t["transfer"][0] == pytest.approx(move + (5.0 + 0.001 * p) / 1000, abs=1e-9)
+    assert t["first_decode_step"][0] == pytest.approx(timer.coeffs(p - loaded, p, 0, 1)[0] / PS, abs=1e-9)
+    assert summarize(f)["pd"]["kv_transfer_bytes"] == loaded * KVB
+    assert f.requests.generated[0] == out
+
+
 def test_short_prompt_goes_whole_to_decode():
     sc = _scenario(threshold=256)
     f = _run(sc, Workload(np.array([1.0]), np.array([200]), np.array([5])))
@@ -125,9 +145,12 @@ def test_full_decode_pool_makes_prefilled_requests_wait():
         assert all(r.bm.check_no_leak() == [] for r in pool.replicas)
 
 
-@pytest.mark.parametrize("caching", [False, True])
-def test_fast_path_equals_stepping_for_pd(caching, stretches):
-    sc = _scenario(prefill=2, decode=2, decode_blocks=900, threshold=512)
+@pytest.mark.parametrize("caching, loads", [(False, "all_but_last"), (True, "all_but_last"),
+                                            (False, "full_blocks")])
+def test_fast_path_equals_stepping_for_pd(caching, loads, stretches):
+    sc = _scenario(prefill=2, decode=2, decode_blocks=900, threshold=512,
+                   pd={"prefill_pool": "prefill", "decode_pool": "decode", "threshold": 512, "loads": loads,
+                       "link": {"bandwidth_gbs": 25, "latency_ms": 2}, "kv_bytes_per_token": KVB})
     for p in sc.pools:
         p.prefix_caching = caching
     wl = build_workload(sc, 3)
