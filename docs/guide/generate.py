@@ -107,6 +107,14 @@ SCENARIO_MEANINGS = {
     "metrics.rate_window": "the window of rate() and histogram_quantile() the policies read",
     "output.timeline_interval": "seconds between timeline.csv rows",
     "drain": "after the last arrival, keep running (at most max seconds) until requests finish",
+    "pd": "a disaggregated service over two of the pools (docs/pd.md)",
+    "pd.threshold": "disaggregate a request when its prompt's uncached tokens exceed this",
+    "pd.kv_bytes_per_token": "the model's KV bytes a token (needed with a fitted latency model)",
+    "pd.loads": ("what of the prompt the decode side loads: all_but_last (vLLM's NixlConnector) or "
+                 "full_blocks ((prompt - 2) // block whole blocks, vLLM's ExampleConnector)"),
+    "pd.link": "the KV transfer link between the pools",
+    "pd.link.bandwidth_gbs": "GB/s one transfer gets",
+    "pd.link.latency_ms": "the link's latency added to every transfer",
 }
 
 SPEC_MEANINGS = {
@@ -188,6 +196,7 @@ PLAN_MEANINGS = {
           "level",
     "pd.threshold": "disaggregate a request when its prompt's uncached tokens exceed this (as in a scenario)",
     "pd.kv_bytes_per_token": "the model's KV bytes a token (needed with a fitted latency model)",
+    "pd.loads": "what of the prompt the decode side loads (as in a scenario)",
     "pd.link": "the KV transfer link between the pools",
     "pd.link.bandwidth_gbs": "GB/s one transfer gets",
     "pd.link.latency_ms": "the link's latency added to every transfer",

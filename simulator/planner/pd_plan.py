@@ -64,7 +64,7 @@ def pd_scenario(plan: Plan, pre: Candidate, dec: Candidate, p: int, d: int, rate
     sc = peak_scenario(plan, pre, 1, rate, duration)
     pools = [{**pre.pool(p), "name": "prefill", "labels": {"engine": "prefill"}},
              {**dec.pool(d), "name": "decode", "labels": {"engine": "decode"}}]
-    cfg = {k: v for k, v in plan.pd.items() if k in ("threshold", "link", "kv_bytes_per_token")}
+    cfg = {k: v for k, v in plan.pd.items() if k in ("threshold", "link", "kv_bytes_per_token", "loads")}
     return with_length({**sc, "name": f"pd {p}P+{d}D", "pools": pools,
                         "pd": {"prefill_pool": "prefill", "decode_pool": "decode", **cfg}}, duration)
 

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("black-box calibration of a running server")
     s.add_argument("--from-server", metavar="URL", help="probe this OpenAI-compatible server instead of "
                    "reading a profile, e.g. http://127.0.0.1:8000")
+    s.add_argument("--metrics-url", metavar="URL", help="read the server's /metrics (its settings, the "
+                   "cross-check) here, when --from-server is a gateway in front of it (default: URL)")
     s.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                    help=f"time the probe load may take (default {DEFAULT_BUDGET_S:g})")
     s.add_argument("--max-num-seqs", type=int, help="the server's setting, when its /metrics does not "
@@ -160,12 +162,15 @@ def run_from_server(args: argparse.Namespace) -> int:
     if args.budget <= 0:
         raise ValueError("--budget must be > 0 seconds")
     url = args.from_server.rstrip("/")
+    metrics = (args.metrics_url or url).rstrip("/")
     with httpx.Client(timeout=30) as client:
         try:
             name, listed_len = server_model(client, url)
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"--from-server {url}: no model listed at /v1/models ({exc})") from None
-        before = read_metrics(client, url)
+        before = read_metrics(client, metrics)
+    if args.metrics_url and not before:
+        raise ValueError(f"--metrics-url {metrics}: no /metrics page answered there")
     known, used = server_settings(args, before.get("info", {}), listed_len)
     print(f"probing {name} at {url} for up to {args.budget:g} s; settings "
           + ", ".join(f"{k}={v}" + ("" if k in known else " (assumed)") for k, v in used.items()
@@ -182,13 +187,13 @@ def run_from_server(args: argparse.Namespace) -> int:
 
         probes = probe(url, name, used, args.budget, args.seed, on_probe)
     with httpx.Client(timeout=30) as client:
-        after = read_metrics(client, url)
+        after = read_metrics(client, metrics)
     result = fit_probes(probes, (args.device, name, args.dtype, args.tp), args.holdout_frac, args.seed,
                         source=url)
     model = result.model
     model.engine_settings = known
-    model.provenance["probe"] = {"url": url, "budget_s": args.budget, "probes": len(probes),
-                                 "step_rows": len(result.rows),
+    model.provenance["probe"] = {"url": url, "metrics_url": metrics, "budget_s": args.budget,
+                                 "probes": len(probes), "step_rows": len(result.rows),
                                  # (prefill_tokens, prefill_context, decode_seqs, decode_context,
                                  # prefill_seqs) of each measured step: the probe range
                                  "shapes": [[r[k] for k in SHAPE] for r in result.rows],

@@ -235,7 +235,7 @@ def test_idle_rows_split_ttft_and_decode():
     assert rows[0]["decode_context"] == 202  # prompt + 1, 2, 3 generated before each decode step
 
 
-def test_from_server_errors(tmp_path):
+def test_from_server_errors(tmp_path, monkeypatch):
     from slopilot.commands import calibrate
 
     with pytest.raises(ValueError, match="--out"):
@@ -245,6 +245,12 @@ def test_from_server_errors(tmp_path):
     with pytest.raises(ValueError, match="no model listed"):
         out = str(tmp_path / "m.json")
         calibrate.run(calibrate_args(["--from-server", "http://127.0.0.1:9", "--out", out]))
+    import controlplane.calibrate_probe as probe_module
+
+    monkeypatch.setattr(probe_module, "server_model", lambda client, url: ("m", 2048))  # a gateway's list
+    with pytest.raises(ValueError, match="--metrics-url http://127.0.0.1:9: no /metrics page"):
+        calibrate.run(calibrate_args(["--from-server", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9",
+                                      "--out", str(tmp_path / "m.json")]))
 
 
 def calibrate_args(argv: list[str]):
