@@ -216,7 +216,7 @@ VLLM_START_TIMEOUT = 420.0  # about 40 s on an idle machine; several minutes on 
 class VllmServer:
     """`vllm serve build/random-llama` from .venv-vllm on a free port, in its own process group."""
 
-    def __init__(self, *extra_args: str, log_name: str = "vllm-serve.log"):
+    def __init__(self, *extra_args: str, log_name: str = "vllm-serve.log", cpu: int | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cache = ROOT / "build" / "vllm-cache"
@@ -229,12 +229,16 @@ class VllmServer:
                    # above httpx's 5 s pool expiry: at equal 5 s a reused idle connection can meet the
                    # server's close, and the POST fails with ReadError
                    VLLM_HTTP_TIMEOUT_KEEP_ALIVE="60")
+        if cpu is not None:  # the whole server (front end, engine core, worker) on one core
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
         cmd = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(VLLM_MODEL_DIR), "--host", "127.0.0.1",
                "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
                "--max-num-seqs", str(VLLM_SETTINGS["max_num_seqs"]),
                "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"]),
                # the second name lets the fidelity driver shared with the tiny-server test address it
                "--served-model-name", VLLM_MODEL, "tiny", *extra_args]
+        if cpu is not None:
+            cmd = ["taskset", "-c", str(cpu), *cmd]
         self.log = open(ROOT / "build" / log_name, "w+b")  # kept after the session, to read
         # its own process group (its engine and worker processes are stopped with it), but not its own
         # session: Linux shares the CPU fairly between sessions (autogroups), so a server in a session

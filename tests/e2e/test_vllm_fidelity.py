@@ -120,12 +120,12 @@ def simulate(real: dict, output, model_path) -> dict:
     return {"ttft": ttft, "e2e": e2e, "tpot": (e2e - ttft) / np.maximum(f.requests.generated - 1, 1)}
 
 
-def calibrate(url: str, out) -> LatencyModel:
+def calibrate(url: str, out, *extra: str) -> LatencyModel:
     from slopilot.cli import main
 
     argv = ["calibrate", "--from-server", url, "--out", str(out), "--budget", str(BUDGET), "--no-plot",
             "--max-num-seqs", str(VLLM_SETTINGS["max_num_seqs"]),
-            "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"])]
+            "--max-num-batched-tokens", str(VLLM_SETTINGS["max_num_batched_tokens"]), *extra]
     assert main(argv) == 0
     return LatencyModel.load(out)
 
