@@ -200,11 +200,16 @@ class Fleet:
         k = self.router.pick(candidates, seq.token_ids if self.router.uses_prefix else None)
         rep = candidates[k]
         self.requests.routed(seq.index, rep.id, rep.pool.index)
+        if rep.pool.spec.frontend is None:
+            return self.deliver(seq, rep)
+        self.env.timeout(self.frontend_ps(rep, seq)).callbacks.append(lambda _: self.deliver(seq, rep))
+
+    def frontend_ps(self, rep: Replica, seq: SimSequence) -> int:
+        """One draw of the replica's pool's HTTP front end for this request (0 when it models none)."""
         frontend = rep.pool.spec.frontend
         if frontend is None:
-            return self.deliver(seq, rep)
-        delay = to_ps(draw_ms(frontend, self.frontend_rng, seq.num_prompt_tokens) / 1000)
-        self.env.timeout(delay).callbacks.append(lambda _: self.deliver(seq, rep))
+            return 0
+        return to_ps(draw_ms(frontend, self.frontend_rng, seq.num_prompt_tokens) / 1000)
 
     def deliver(self, seq: SimSequence, rep: Replica) -> None:
         """The request reaches the replica's engine (after its front end, when the pool models one)."""

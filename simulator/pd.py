@@ -34,7 +34,6 @@ from collections import deque
 import numpy as np
 
 from engine.core.sequence import SequenceStatus
-from simulator.frontend import draw_ms
 from simulator.pd_spec import PDSpec
 from simulator.requests import SimSequence
 from simulator.steptime import PS, to_ps
@@ -170,10 +169,8 @@ class PDService:
             moved, seq.pd_computed = self.spec.moves(seq.num_prompt_tokens, hit, rep.bm.block_size)
             seq.replica_arrival = now
             self.transfer_bytes += moved * self.spec.kv_bytes_per_token
-            delay = to_ps(self.spec.transfer_seconds(moved))
-            frontend = rep.pool.spec.frontend  # the decode hop is a request to the decode replica too
-            if frontend is not None:
-                delay += to_ps(draw_ms(frontend, f.frontend_rng, seq.num_prompt_tokens) / 1000)
+            # the decode hop is an HTTP request to the decode replica too
+            delay = to_ps(self.spec.transfer_seconds(moved)) + f.frontend_ps(rep, seq)
             f.env.timeout(delay).callbacks.append(lambda _, s=seq, r=rep: self._arrive(s, r))
 
     def _arrive(self, seq: SimSequence, rep) -> None:
