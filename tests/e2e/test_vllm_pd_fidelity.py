@@ -222,6 +222,7 @@ def wipe(storage: Path) -> None:
         subprocess.run(["rm", "-rf", str(d)], check=True)
 
 
+@pytest.mark.timeout(2400)  # three pairs take ~10 min on a quiet machine; 600 s was hit at load 5
 def test_simulated_pd_pair_matches_a_real_vllm_pair(pair, tmp_path):
     """PAIRS calibrate-run-simulate rounds on the same two servers; the bar holds the median errors."""
     producer, consumer, storage = pair
