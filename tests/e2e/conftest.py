@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from controlplane.prometheus_server import PrometheusServer, free_port
@@ -115,12 +116,17 @@ class SteadyLoad:
     """Completions at a constant rate, round-robin over `urls`, from a thread (requests from a pool).
 
     with SteadyLoad(urls, rate=16, prompt="hi " * 30, max_tokens=12): ...   # stops and waits on exit
+
+    `body` (a callable) gives each request's body instead; `poisson_seed` makes the gaps exponential
+    (Poisson arrivals at the same mean rate).
     """
 
     def __init__(self, urls: list[str], rate: float, prompt: str = "hello " * 32, max_tokens: int = 12,
-                 duration: float | None = None):
+                 duration: float | None = None, body=None, poisson_seed: int | None = None):
         self.urls, self.rate, self.duration = list(urls), rate, duration
-        self.body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+        fixed = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+        self.body = body or (lambda: fixed)
+        self.rng = None if poisson_seed is None else np.random.default_rng(poisson_seed)
         self.sent = self.ok = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -128,9 +134,9 @@ class SteadyLoad:
         self._pool = ThreadPoolExecutor(max_workers=64)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _one(self, url: str) -> None:
+    def _one(self, url: str, body: dict) -> None:
         try:
-            r = self._client.post(url + "/v1/completions", json=self.body)
+            r = self._client.post(url + "/v1/completions", json=body)
             if r.status_code == 200:
                 self.ok += 1
             else:
@@ -139,17 +145,20 @@ class SteadyLoad:
             self.errors.append(repr(exc))
 
     def _run(self) -> None:
-        start = time.monotonic()
+        start, gaps = time.monotonic(), 0.0
         while not self._stop.is_set():
-            due = start + self.sent / self.rate
+            due = start + (self.sent / self.rate if self.rng is None else gaps)
             if self.duration is not None and due - start >= self.duration:
                 break
             if self._stop.wait(max(0.0, due - time.monotonic())):
                 break
             urls = self.urls  # may be replaced while running (an engine gone)
             if urls:
-                self._pool.submit(self._one, urls[self.sent % len(urls)])
+                # the body is drawn here, in one thread (a callable body may hold an rng)
+                self._pool.submit(self._one, urls[self.sent % len(urls)], self.body())
             self.sent += 1
+            if self.rng is not None:
+                gaps += self.rng.exponential(1 / self.rate)
 
     def start(self) -> SteadyLoad:
         self._thread.start()

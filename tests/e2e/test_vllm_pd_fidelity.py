@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from simulator.latency.model import LatencyModel
-from tests.e2e.conftest import ROOT, VllmServer, skip_without_vllm
+from tests.e2e.conftest import ROOT, SteadyLoad, VllmServer, skip_without_vllm
 from tests.e2e.test_vllm_fidelity import SERVER_SIDE, calibrate, drive, server_sums
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -95,57 +95,32 @@ class Router:
 class Background:
     """The other role's share of the run's load while one role is probed (the two servers, the router
     and the client share 2 cores: a role calibrated beside an idle neighbour steps faster than it
-    does in the run). Poisson requests through a router of their own, until stopped: to the producer,
-    the run's disaggregated prompts with max_tokens 1; to the consumer, streamed decodes of the run's
-    output lengths after a prompt of at most a block (the tail it computes in the run)."""
+    does in the run). Poisson requests through a router of their own (conftest.SteadyLoad), until
+    stopped: to the producer, the run's disaggregated prompts with max_tokens 1; to the consumer,
+    streamed decodes of the run's output lengths after a prompt of at most a block (the tail it
+    computes in the run)."""
 
     def __init__(self, url: str, role: str, seed: int):
-        import threading
-
         self.router = Router("--endpoint", url)
-        self.role, self.rng, self.stop_at = role, np.random.default_rng(seed), None
-        # the producer sees the run's prompts over the threshold, the consumer every request
-        self.rate = RATE * (1200 - THRESHOLD) / (1201 - 64) if role == "producer" else RATE
         self.router.wait_ready()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self.sent = self.failed = 0
-        self.thread.start()
+        rng = np.random.default_rng(seed)
 
-    async def _one(self, client) -> None:
-        import httpx
+        def body() -> dict:
+            if role == "producer":
+                prompt, out = int(rng.integers(THRESHOLD + 1, 1201)), 1
+            else:
+                prompt, out = int(rng.integers(2, 129)), int(rng.integers(16, 65))
+            return {"model": "random-llama", "prompt": [int(t) for t in rng.integers(32, 127, prompt)],
+                    "max_tokens": out, "ignore_eos": True, "temperature": 0.0, "stream": out > 1}
 
-        rng = self.rng
-        if self.role == "producer":
-            prompt, out = int(rng.integers(THRESHOLD + 1, 1201)), 1
-        else:
-            prompt, out = int(rng.integers(2, 129)), int(rng.integers(16, 65))
-        body = {"model": "random-llama", "prompt": [int(t) for t in rng.integers(32, 127, prompt)],
-                "max_tokens": out, "ignore_eos": True, "temperature": 0.0, "stream": out > 1}
-        try:
-            async with client.stream("POST", self.router.url + "/v1/completions", json=body) as r:
-                await r.aread()
-                self.failed += r.status_code != 200
-        except httpx.HTTPError:
-            self.failed += 1
-
-    async def _run(self) -> None:
-        import httpx
-
-        tasks = set()
-        async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
-            while self.stop_at is None:
-                await asyncio.sleep(self.rng.exponential(1 / self.rate))
-                t = asyncio.create_task(self._one(client))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                self.sent += 1
-            await asyncio.gather(*tasks)
+        # the producer sees the run's prompts over the threshold, the consumer every request
+        rate = RATE * (1200 - THRESHOLD) / (1201 - 64) if role == "producer" else RATE
+        self.load = SteadyLoad([self.router.url], rate, body=body, poisson_seed=seed).start()
 
     def stop(self) -> None:
-        self.stop_at = time.monotonic()
-        self.thread.join(120)
+        self.load.stop()
         self.router.stop()
-        assert self.sent and not self.failed, f"background load: {self.failed} of {self.sent} requests failed"
+        assert self.load.sent and not self.load.errors, f"background load: {self.load.errors[:3]}"
 
 
 @pytest.fixture(scope="module")
